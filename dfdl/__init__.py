@@ -1,0 +1,19 @@
+"""dfdl: train deep neural networks given as ONNX on Dask clusters, without memory limits.
+
+Example:
+    >>> import dfdl, dfdl.models, numpy as np
+    >>> out = dfdl.run(dfdl.models.mlp((4, 8, 3)), {"x": np.ones((2, 4), "float32")})
+"""
+
+from __future__ import annotations
+
+from dfdl import errors
+from dfdl.api import load, plan, run
+from dfdl.onnx_backend import DfdlBackend
+
+#: the ONNX backend (``onnx.backend.test.BackendTest(dfdl.backend, __name__)``)
+backend = DfdlBackend
+
+__version__ = "0.1.0"
+
+__all__ = ["backend", "errors", "load", "plan", "run", "__version__"]

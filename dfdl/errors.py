@@ -1,0 +1,70 @@
+"""dfdl's exceptions: each names what is wrong (node, op, input) and what to do.
+
+All derive from :class:`DfdlError`, and every one of them is raised while a model is
+loaded or planned, before any task reaches a Dask scheduler.
+
+Example:
+    >>> import dfdl
+    >>> try:
+    ...     dfdl.run(b"not a model", {})
+    ... except dfdl.errors.ModelError as e:
+    ...     print(type(e).__name__)
+    ModelError
+"""
+
+from __future__ import annotations
+
+
+class DfdlError(Exception):
+    """Base class of every error dfdl raises on purpose."""
+
+
+class ModelError(DfdlError, ValueError):
+    """The model cannot be read or is not valid ONNX (truncated file, checker failure,
+    unsafe external data location, inconsistent graph)."""
+
+
+class UnsupportedOpError(DfdlError, NotImplementedError):
+    """An op type, domain, opset, attribute value or dtype dfdl does not support.
+
+    Attributes:
+        op_type: the ONNX op type.
+        node: the node's name.
+        domain: the op's domain ("" for the default ONNX domain).
+        opset: the opset version the model imports for that domain.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        op_type: str = "",
+        node: str = "",
+        domain: str = "",
+        opset: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.op_type = op_type
+        self.node = node
+        self.domain = domain
+        self.opset = opset
+
+
+class ShapeError(DfdlError, ValueError):
+    """A tensor's shape or dtype does not match what the model or an op expects.
+
+    Attributes:
+        name: the input (or value) concerned.
+        expected: what the model declares.
+        given: what was supplied or inferred.
+    """
+
+    def __init__(self, message: str, *, name: str = "", expected=None, given=None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.expected = expected
+        self.given = given
+
+
+class PlanError(DfdlError, ValueError):
+    """The requested tiling or cluster setup cannot be planned (bad ``tiles=``)."""

@@ -1,0 +1,252 @@
+"""Lowering: a :class:`~dfdl.graph.tiling.Plan` becomes a Dask task graph.
+
+One task per node tile, keyed ``(f"{node}-{phase}", step, *tile_index)`` so the Dask
+dashboard groups tasks by ONNX node name. Contracted axes give partial tiles
+(``f"{node}-{phase}-partial"``) summed by a fixed-order tree with bounded fan-in
+(``f"{node}-{phase}-sum"``). Input regions that are not exactly one producer tile are
+sliced or assembled inside the consuming task, reading only the tiles they overlap.
+
+Example:
+    >>> dsk, outputs = lower(plan, sources)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from dask.task_spec import Task, TaskRef
+
+from dfdl.graph.tiling import REDUCE_FAN_IN, Chunks, NodePlan, Plan, present_outputs
+from dfdl.ops import lookup
+from dfdl.ops.tile_exec import combine, run_tile
+
+Region = tuple[slice, ...]
+
+
+def offsets(chunks: tuple[int, ...]) -> list[int]:
+    """Start of every chunk plus the end: (2, 2, 1) -> [0, 2, 4, 5]."""
+    out = [0]
+    for c in chunks:
+        out.append(out[-1] + c)
+    return out
+
+
+def tile_regions(chunks: Chunks) -> dict[tuple[int, ...], Region]:
+    """Every tile index of a chunked tensor with its region."""
+    offs = [offsets(c) for c in chunks]
+    out = {}
+    for idx in itertools.product(*(range(len(c)) for c in chunks)):
+        out[idx] = tuple(slice(offs[a][i], offs[a][i + 1]) for a, i in enumerate(idx))
+    return out
+
+
+class _TensorTiles:
+    """Where the tiles of one tensor live: task refs (with output position) or values."""
+
+    def __init__(self, chunks: Chunks, refs: Mapping[tuple[int, ...], tuple[Any, Any]]):
+        self.chunks = chunks
+        self.offs = [offsets(c) for c in chunks]
+        self.refs = refs
+
+    def overlapping(self, region: Region) -> list[tuple[tuple[int, ...], Region, Region]]:
+        """(tile index, slice within the tile, slice within the region) per overlap."""
+        per_axis = []
+        for a, s in enumerate(region):
+            offs = self.offs[a]
+            hits = []
+            for i in range(len(offs) - 1):
+                lo, hi = max(s.start, offs[i]), min(s.stop, offs[i + 1])
+                if lo < hi or (s.start == s.stop == offs[i] == offs[i + 1]):
+                    hits.append(
+                        (i, slice(lo - offs[i], hi - offs[i]), slice(lo - s.start, hi - s.start))
+                    )
+            if not hits:  # empty region: take the first tile's empty slice
+                hits.append((0, slice(0, 0), slice(0, 0)))
+            per_axis.append(hits)
+        out = []
+        for combo in itertools.product(*per_axis):
+            idx = tuple(c[0] for c in combo)
+            out.append((idx, tuple(c[1] for c in combo), tuple(c[2] for c in combo)))
+        return out
+
+
+class _Builder:
+    """Accumulates tasks; turns input regions into flat task arguments + specs."""
+
+    def __init__(self, plan: Plan, step: int, phase: str):
+        self.plan = plan
+        self.step = step
+        self.phase = phase
+        self.dsk: dict = {}
+        self.tiles: dict[str, _TensorTiles] = {}
+
+    def fetch(self, name: str, region: Region, args: list) -> tuple:
+        tt = self.tiles[name]
+        t = self.plan.graph.types[name]
+        hits = tt.overlapping(region)
+        shape = tuple(s.stop - s.start for s in region)
+        if len(hits) == 1:
+            idx, src, _ = hits[0]
+            ref, pos = tt.refs[idx]
+            args.append(ref)
+            k = len(args) - 1
+            full = all(
+                s.start == 0 and s.stop == tt.chunks[a][idx[a]] for a, s in enumerate(src)
+            )
+            if full:
+                return ("value", k) if pos is None else ("pick", k, pos)
+            return ("slice", k, pos, src)
+        pieces = []
+        for idx, src, dst in hits:
+            ref, pos = tt.refs[idx]
+            args.append(ref)
+            pieces.append((len(args) - 1, pos, src, dst))
+        return ("assemble", shape, t.dtype, pieces)
+
+    def add_node(self, np_: NodePlan) -> None:
+        node, spec = np_.node, np_.spec
+        graph = self.plan.graph
+        op = lookup(node.op_type, node.domain)
+        fn = op.kernel("cpu")
+        out_specs = present_outputs(node, spec)
+        outs = [o for o, _ in out_specs]
+        n_out = len(node.outputs)
+        grid = np_.grid_letters()
+        contracted = spec.contracted()
+        name = f"{node.name}-{self.phase}"
+        lo = {c: offsets(ch) for c, ch in np_.letters.items()}
+        refs: dict[str, dict] = {o: {} for o in outs}
+        out_pos = {o: p for p, o in enumerate(node.outputs) if o}
+        for g in itertools.product(*(range(len(np_.letters[c])) for c in grid)):
+            at = dict(zip(grid, g))
+            out_regions = []
+            for o, s in out_specs:
+                t = graph.types[o]
+                out_regions.append(
+                    tuple(
+                        slice(0, d) if ch == "." else slice(lo[ch][at[ch]], lo[ch][at[ch] + 1])
+                        for ch, d in zip(s, t.shape)
+                    )
+                )
+            partial_keys = []
+            combos = list(
+                itertools.product(*(range(len(np_.letters[c])) for c in contracted))
+            )
+            for ci, combo in enumerate(combos):
+                at.update(zip(contracted, combo))
+                args: list = []
+                specs = []
+                consts: dict[int, Any] = {}
+                for i, (iname, s) in enumerate(zip(node.inputs, spec.inputs)):
+                    if not iname or (i in spec.first_only and ci > 0):
+                        specs.append(("none",))
+                        continue
+                    t = graph.types[iname]
+                    if s is None:
+                        if iname in graph.initializers:
+                            consts[i] = graph.initializers[iname]
+                            specs.append(None)
+                            continue
+                        region = tuple(slice(0, d) for d in t.shape)
+                    else:
+                        region = tuple(
+                            slice(0, d)
+                            if ch == "." or d != np_.sizes[ch]
+                            else slice(lo[ch][at[ch]], lo[ch][at[ch] + 1])
+                            for ch, d in zip(s, t.shape)
+                        )
+                    specs.append(self.fetch(iname, region, args))
+                attrs = dict(node.attrs)
+                if spec.adjust is not None:
+                    attrs, consts = spec.adjust(attrs, dict(consts), out_regions)
+                specs = [("const", consts.get(i)) if sp is None else sp for i, sp in enumerate(specs)]
+                tile_idx = tuple(g)
+                label = f"node {node.name!r} ({node.op_type}) tile {tile_idx}"
+                shapes = tuple(
+                    tuple(r.stop - r.start for r in out_regions[outs.index(o)]) if o else None
+                    for o in node.outputs
+                )
+                meta = (fn, attrs, tuple(specs), shapes, label)
+                if len(combos) == 1:
+                    key = (name, self.step, *tile_idx)
+                else:
+                    key = (f"{name}-partial", self.step, *tile_idx, ci)
+                self.dsk[key] = Task(key, run_tile, meta, *args)
+                partial_keys.append(key)
+            final = (name, self.step, *g)
+            if len(partial_keys) > 1:
+                how = spec.reduce.get(contracted[0], "sum") if contracted else "sum"
+                if len({spec.reduce.get(c, "sum") for c in contracted}) > 1:
+                    raise ValueError(f"node {node.name}: mixed combine ops over contractions")
+                self._tree(partial_keys, final, how)
+            for o, p in out_pos.items():
+                refs[o][self._out_index(dict(out_specs)[o], grid, g)] = (
+                    TaskRef(final),
+                    p if n_out > 1 else None,
+                )
+        for o in outs:
+            self.tiles[o] = _TensorTiles(self.plan.chunks[o], refs[o])
+
+    @staticmethod
+    def _out_index(s: str, grid, g) -> tuple[int, ...]:
+        at = dict(zip(grid, g))
+        return tuple(0 if ch == "." else at[ch] for ch in s)
+
+    def _tree(self, keys: list, final: tuple, how: str) -> None:
+        level = 0
+        while len(keys) > REDUCE_FAN_IN:
+            nxt = []
+            for j in range(math.ceil(len(keys) / REDUCE_FAN_IN)):
+                group = keys[j * REDUCE_FAN_IN : (j + 1) * REDUCE_FAN_IN]
+                key = (f"{final[0]}-sum", final[1], *final[2:], level, j)
+                self.dsk[key] = Task(key, combine, how, *(TaskRef(k) for k in group))
+                nxt.append(key)
+            keys = nxt
+            level += 1
+        self.dsk[final] = Task(final, combine, how, *(TaskRef(k) for k in keys))
+
+
+def lower(
+    plan: Plan,
+    sources: Mapping[str, Mapping[tuple[int, ...], Any]],
+    *,
+    step: int = 0,
+    phase: str = "fwd",
+) -> tuple[dict, dict[str, dict[tuple[int, ...], tuple[Any, Any]]]]:
+    """Build the task graph of one pass over the plan.
+
+    Args:
+        plan: the tiling plan.
+        sources: for every graph input and non-constant-folded initializer that a node
+            reads as tiles, ``{tile_index: object}`` where the object is a task argument
+            (a ``TaskRef`` to a key of the submission, a ``Future``, or a numpy array),
+            chunked as ``plan.chunks[name]``.
+        step: the training step (part of every key).
+        phase: "fwd", "bwd", "loss" or "update" (part of every key).
+
+    Returns:
+        ``(dsk, outputs)``: the task dict, and for each graph output the map from tile
+        index to ``(key or value, output position or None)``.
+    """
+    b = _Builder(plan, step, phase)
+    for name, tiles in sources.items():
+        b.tiles[name] = _TensorTiles(plan.chunks[name], {k: (v, None) for k, v in tiles.items()})
+    for np_ in plan.nodes:
+        b.add_node(np_)
+    outputs = {}
+    for name in plan.graph.outputs:
+        if name in b.tiles:
+            outputs[name] = {
+                idx: (ref.key if isinstance(ref, TaskRef) else ref, pos)
+                for idx, (ref, pos) in b.tiles[name].refs.items()
+            }
+    return b.dsk, outputs
+
+
+def split_tiles(array: np.ndarray, chunks: Chunks) -> dict[tuple[int, ...], np.ndarray]:
+    """Cut an array into tiles (copies, so a tile pickles without its parent)."""
+    return {idx: np.array(array[r], order="C", copy=True) for idx, r in tile_regions(chunks).items()}

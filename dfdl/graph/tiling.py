@@ -1,0 +1,335 @@
+"""The tiling planner: chunks for every tensor, a tile grid for every node.
+
+Each node's tile rule (:class:`dfdl.ops.registry.TileSpec`) names the node's axes with
+letters. The planner gives every letter a chunking (tuple of chunk sizes, as in dask):
+
+* ``tiles="uneven"`` (for tests): every letter axis of size >= 3 gets uneven chunks
+  (``5 -> (3, 1, 1)``), so every tile rule is exercised off the easy path;
+* a dict ``{"batch": b, "model": m}``: axes descending from a graph input's axis 0 are
+  split into ``b`` chunks, axes indexed by a weight (features, channels) into ``m``;
+* ``None``: automatic, from the batch size, the tensor sizes and the cluster's cores.
+
+Tensors get the chunks of the letters on their axes; graph inputs and initializers take
+the chunks their first consumer asks for. Where a consumer needs a region that is not
+one tile, lowering assembles it from the producer's tiles, so a mismatch costs copies
+but never changes results.
+
+Example:
+    >>> plan = make_plan(graph, tiles={"batch": 4})  # doctest: +SKIP
+    >>> print(plan.summary())                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dfdl.errors import PlanError
+from dfdl.graph.ir import Graph, Node
+from dfdl.ops import lookup
+from dfdl.ops.common import whole_tile
+from dfdl.ops.registry import TensorType, TileContext, TileSpec
+
+Chunks = tuple[tuple[int, ...], ...]
+
+#: below this many bytes per tile, automatic planning does not split further
+MIN_TILE_BYTES = 256 * 2**10
+#: most partial results one combine task sums (bounded fan-in, tree order fixed)
+REDUCE_FAN_IN = 4
+
+
+def even_chunks(size: int, parts: int) -> tuple[int, ...]:
+    """``size`` split into ``parts`` near-equal chunks, larger ones first."""
+    parts = max(1, min(parts, size)) if size else 1
+    q, r = divmod(size, parts)
+    return tuple(q + 1 if i < r else q for i in range(parts))
+
+
+def uneven_chunks(size: int) -> tuple[int, ...]:
+    """Deliberately unequal chunks for sizes >= 3: 3 -> (2, 1), 5 -> (3, 1, 1)."""
+    if size < 3:
+        return (size,)
+    first = (size + 1) // 2
+    rest = size - first
+    return (first,) + even_chunks(rest, min(2, rest))
+
+
+@dataclass
+class NodePlan:
+    """Tiling of one node: its spec and the chunks of every letter it uses."""
+
+    node: Node
+    spec: TileSpec
+    letters: dict[str, tuple[int, ...]]
+    sizes: dict[str, int]
+
+    def grid_letters(self) -> list[str]:
+        seen: list[str] = []
+        for _, s in present_outputs(self.node, self.spec):
+            for ch in s:
+                if ch != "." and ch not in seen:
+                    seen.append(ch)
+        return seen
+
+    def n_tiles(self) -> int:
+        return math.prod(len(self.letters[c]) for c in self.grid_letters())
+
+    def n_partials(self) -> int:
+        return math.prod(len(self.letters[c]) for c in self.spec.contracted())
+
+    def n_tasks(self) -> int:
+        parts = self.n_partials()
+        combines = 0
+        while parts > 1:
+            parts = math.ceil(parts / REDUCE_FAN_IN)
+            combines += parts
+        return self.n_tiles() * (self.n_partials() + combines)
+
+
+@dataclass
+class Plan:
+    """A graph with a chunking for every tensor and a tiling for every node."""
+
+    graph: Graph
+    chunks: dict[str, Chunks]
+    nodes: list[NodePlan]
+    tiles: object = None
+    task_bytes: dict[str, int] = field(default_factory=dict)
+
+    def n_tasks(self) -> int:
+        """Number of compute tasks of one forward pass (sources excluded)."""
+        return sum(n.n_tasks() for n in self.nodes)
+
+    def largest_task(self) -> tuple[str, int]:
+        """(node name, bytes) of the task with the most input + output bytes."""
+        if not self.task_bytes:
+            return ("", 0)
+        name = max(self.task_bytes, key=self.task_bytes.get)
+        return name, self.task_bytes[name]
+
+    def summary(self) -> str:
+        """Human-readable table: each tensor's tiling, the task count, the largest task."""
+        g = self.graph
+        lines = [f"plan for {g.name!r}: {len(self.nodes)} nodes, {self.n_tasks()} tasks"]
+        name, nbytes = self.largest_task()
+        lines.append(f"largest task: {name} ({_fmt_bytes(nbytes)} in + out)")
+        lines.append(f"{'tensor':40s} {'shape':22s} {'dtype':8s} {'tiles':>6s}  chunks")
+        for tname, ch in self.chunks.items():
+            t = g.types[tname]
+            ntiles = math.prod(len(c) for c in ch) if ch else 1
+            shown = "x".join(_fmt_chunks(c) for c in ch) if ch else "scalar"
+            lines.append(
+                f"{tname[:40]:40s} {str(list(t.shape))[:22]:22s} {str(t.dtype):8s} "
+                f"{ntiles:>6d}  {shown}"
+            )
+        return "\n".join(lines)
+
+
+def _fmt_chunks(c: tuple[int, ...]) -> str:
+    if len(set(c)) == 1:
+        return f"{c[0]}" if len(c) == 1 else f"{len(c)}*{c[0]}"
+    return "(" + ",".join(map(str, c)) + ")"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def node_spec(node: Node, graph: Graph) -> TileSpec:
+    """The node's TileSpec from its op's tile rule (untiled when the op has none)."""
+    op = lookup(node.op_type, node.domain)
+    consts = graph.initializers
+    ctx = TileContext(
+        inputs=tuple(graph.types.get(i) if i else None for i in node.inputs),
+        outputs=tuple(graph.types[o] if o else None for o in _trimmed(node.outputs)),
+        consts=tuple(consts.get(i) if i else None for i in node.inputs),
+        attrs=node.attrs,
+    )
+    spec = (op.tile or whole_tile)(ctx)
+    n_out = len(ctx.outputs)
+    if len(spec.outputs) < n_out or len(spec.inputs) < len([i for i in node.inputs]):
+        raise PlanError(
+            f"node {node.name!r} ({node.op_type}): tile rule returned "
+            f"{len(spec.inputs)} input / {len(spec.outputs)} output specs for "
+            f"{len(node.inputs)} inputs / {n_out} outputs"
+        )
+    return spec
+
+
+def _trimmed(outputs: list[str]) -> list[str]:
+    """Output names without trailing absent ones (middle ones stay, as "")."""
+    out = list(outputs)
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+def present_outputs(node: Node, spec: TileSpec) -> list[tuple[str, str]]:
+    """(output name, its spec) for every output the node produces."""
+    return [(o, spec.outputs[p]) for p, o in enumerate(node.outputs) if o]
+
+
+def _letter_sizes(node: Node, spec: TileSpec, graph: Graph) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    pairs = list(zip(node.inputs, spec.inputs)) + present_outputs(node, spec)
+    for name, s in pairs:
+        if not name or s is None:
+            continue
+        t = graph.types[name]
+        if len(s) != t.rank:
+            raise PlanError(
+                f"node {node.name!r} ({node.op_type}): tile spec {s!r} for {name!r} does "
+                f"not match its rank {t.rank}"
+            )
+        for ch, d in zip(s, t.shape):
+            if ch == ".":
+                continue
+            prev = sizes.get(ch)
+            if prev is None or prev == 1:
+                sizes[ch] = d
+            elif d != 1 and d != prev:
+                raise PlanError(
+                    f"node {node.name!r} ({node.op_type}): tile letter {ch!r} has sizes "
+                    f"{prev} and {d}"
+                )
+    return sizes
+
+
+@dataclass
+class _Policy:
+    mode: str  # "uneven" | "split"
+    batch: int = 1
+    model: int = 1
+
+    def chunks(self, size: int, roles: set[str]) -> tuple[int, ...]:
+        if self.mode == "uneven":
+            return uneven_chunks(size)
+        parts = 1
+        if "batch" in roles:
+            parts *= self.batch
+        if "model" in roles:
+            parts *= self.model
+        return even_chunks(size, parts)
+
+
+def _auto_tiles(graph: Graph, cores: int) -> dict[str, int]:
+    """Batch tiles from the cores and the activation sizes; model tiles stay 1."""
+    batch = 0
+    for name in graph.inputs:
+        t = graph.types[name]
+        if t.rank:
+            batch = max(batch, t.shape[0])
+    if batch <= 1:
+        return {"batch": 1, "model": 1}
+    biggest = max((t.nbytes for t in graph.types.values()), default=0)
+    by_size = max(1, biggest // MIN_TILE_BYTES)
+    return {"batch": int(max(1, min(cores, batch, by_size))), "model": 1}
+
+
+def _policy(tiles, graph: Graph, cores: int) -> _Policy:
+    if tiles == "uneven":
+        return _Policy("uneven")
+    if tiles is None:
+        tiles = _auto_tiles(graph, cores)
+    if not isinstance(tiles, Mapping):
+        raise PlanError(
+            f"tiles must be None, 'uneven' or a dict like {{'batch': 4, 'model': 2}}, "
+            f"not {tiles!r}"
+        )
+    bad = [k for k in tiles if k not in ("batch", "model")]
+    if bad:
+        raise PlanError(f"tiles: unknown key(s) {bad}; use 'batch' and 'model'")
+    for k, v in tiles.items():
+        if not isinstance(v, int | np.integer) or v < 1:
+            raise PlanError(f"tiles[{k!r}] must be a positive integer, not {v!r}")
+    return _Policy("split", int(tiles.get("batch", 1)), int(tiles.get("model", 1)))
+
+
+def make_plan(graph: Graph, tiles=None, *, cores: int = 1) -> Plan:
+    """Plan the tiling of a bound graph (see the module docstring).
+
+    Args:
+        graph: a graph after :func:`dfdl.graph.bind.bind` (static types everywhere).
+        tiles: ``None`` (automatic), ``"uneven"``, or ``{"batch": b, "model": m}``.
+        cores: worker threads of the target cluster (used by automatic planning).
+
+    Returns:
+        The :class:`Plan`.
+    """
+    policy = _policy(tiles, graph, cores)
+    roles: dict[tuple[str, int], set[str]] = {}
+    for name in graph.inputs:
+        if graph.types[name].rank:
+            roles[(name, 0)] = {"batch"}
+    chunks: dict[str, Chunks] = {}
+    node_plans: list[NodePlan] = []
+    task_bytes: dict[str, int] = {}
+    for node in graph.nodes:
+        spec = node_spec(node, graph)
+        sizes = _letter_sizes(node, spec, graph)
+        letter_roles: dict[str, set[str]] = {c: set() for c in sizes}
+        out_letters = set("".join(spec.outputs))
+        for name, s in zip(node.inputs, spec.inputs):
+            if not name or s is None:
+                continue
+            is_weight = name in graph.initializers
+            for axis, ch in enumerate(s):
+                if ch == "." or graph.types[name].shape[axis] != sizes[ch]:
+                    continue
+                letter_roles[ch] |= roles.get((name, axis), set())
+                if is_weight and ch in out_letters:
+                    letter_roles[ch].add("model")
+        letters: dict[str, tuple[int, ...]] = {}
+        for ch, size in sizes.items():
+            letters[ch] = policy.chunks(size, letter_roles[ch])
+        for name, s in zip(node.inputs, spec.inputs):
+            if not name or name in chunks:
+                continue
+            t = graph.types[name]
+            if s is None:
+                chunks[name] = tuple((d,) for d in t.shape)
+            else:
+                chunks[name] = tuple(
+                    (d,) if ch == "." or d != sizes[ch] else letters[ch]
+                    for ch, d in zip(s, t.shape)
+                )
+        for name, s in present_outputs(node, spec):
+            t = graph.types[name]
+            chunks[name] = tuple(
+                (d,) if ch == "." else letters[ch] for ch, d in zip(s, t.shape)
+            )
+            for axis, ch in enumerate(s):
+                if ch != ".":
+                    roles[(name, axis)] = letter_roles[ch]
+        np_ = NodePlan(node, spec, letters, sizes)
+        node_plans.append(np_)
+        task_bytes[node.name] = _max_task_bytes(np_, graph)
+    for name in graph.outputs:
+        if name not in chunks:
+            chunks[name] = tuple((d,) for d in graph.types[name].shape)
+    return Plan(graph, chunks, node_plans, tiles, task_bytes)
+
+
+def _max_task_bytes(np_: NodePlan, graph: Graph) -> int:
+    total = 0
+    node, spec = np_.node, np_.spec
+    named = list(zip(node.inputs, spec.inputs)) + present_outputs(node, spec)
+    for name, s in named:
+        if not name:
+            continue
+        t: TensorType = graph.types[name]
+        if s is None:
+            total += t.nbytes
+            continue
+        n = t.dtype.itemsize
+        for ch, d in zip(s, t.shape):
+            n *= d if ch == "." or d != np_.sizes.get(ch) else max(np_.letters[ch])
+        total += n
+    return total

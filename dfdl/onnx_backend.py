@@ -1,0 +1,100 @@
+"""dfdl as an ONNX backend, so ONNX's own backend test suite runs through dfdl.
+
+Example:
+    >>> import onnx.backend.test
+    >>> import dfdl
+    >>> suite = onnx.backend.test.BackendTest(dfdl.backend, __name__)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+
+import numpy as np
+import onnx
+from onnx.backend.base import Backend, BackendRep
+
+from dfdl.api import feed_types, load
+from dfdl.graph.bind import bind
+from dfdl.graph.tiling import make_plan
+from dfdl.scheduler.cluster import local_cluster, total_threads
+from dfdl.scheduler.executor import execute
+
+_lock = threading.Lock()
+_shared: dict = {}
+
+
+def shared_client():
+    """A lazily started embedded cluster, reused by every backend call of the process."""
+    with _lock:
+        if "client" not in _shared:
+            from distributed import Client
+
+            cluster = local_cluster(2, dashboard_address=":0")
+            _shared["cluster"] = cluster
+            _shared["client"] = Client(cluster)
+            atexit.register(close_shared_client)
+        return _shared["client"]
+
+
+def close_shared_client() -> None:
+    """Shut the shared backend cluster down (also registered at exit)."""
+    with _lock:
+        client = _shared.pop("client", None)
+        cluster = _shared.pop("cluster", None)
+    if client is not None:
+        client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+class DfdlRep(BackendRep):
+    """A prepared model: ``run(list_of_arrays)`` returns outputs in graph order."""
+
+    def __init__(self, model: onnx.ModelProto, tiles=None, client=None):
+        self.graph = load(model)
+        self.tiles = tiles
+        self.client = client
+
+    def run(self, inputs, **kwargs) -> tuple:
+        if isinstance(inputs, dict):
+            feeds = dict(inputs)
+        else:
+            if not isinstance(inputs, list | tuple):
+                inputs = [inputs]
+            feeds = dict(zip(self.graph.inputs, inputs))
+        feeds = {k: np.asarray(v) for k, v in feeds.items()}
+        bound = bind(self.graph, feed_types(self.graph, feeds), values=feeds)
+        client = self.client or shared_client()
+        plan = make_plan(bound, self.tiles, cores=total_threads(client))
+        out = execute(plan, feeds, client)
+        return tuple(out[name] for name in self.graph.outputs)
+
+
+class DfdlBackend(Backend):
+    """ONNX backend running models through dfdl's planner and lowering on Dask.
+
+    ``prepare(model, device, tiles=...)`` accepts dfdl's ``tiles`` argument;
+    :meth:`with_tiles` makes a backend class with a fixed tiling (for test suites).
+    """
+
+    tiles = None
+
+    @classmethod
+    def prepare(cls, model, device: str = "CPU", **kwargs):
+        super().prepare(model, device, **kwargs)
+        return DfdlRep(model, tiles=kwargs.get("tiles", cls.tiles), client=kwargs.get("client"))
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return device == "CPU"
+
+    @classmethod
+    def run_model(cls, model, inputs, device: str = "CPU", **kwargs):
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def with_tiles(cls, tiles) -> type[DfdlBackend]:
+        """A backend class whose prepared models always use ``tiles``."""
+        return type(f"DfdlBackend_{tiles}", (cls,), {"tiles": tiles})

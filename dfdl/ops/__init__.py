@@ -1,0 +1,21 @@
+"""The op registry and every op dfdl supports (importing this registers them all)."""
+
+from __future__ import annotations
+
+from dfdl.ops.registry import REGISTRY, OpDef, TensorType, TileContext, TileSpec, lookup, register
+
+# one module per family; each registers its ops on import
+from dfdl.ops import (  # noqa: E402,F401  (imported for registration)
+    conv,
+    elementwise,
+    fold,
+    layout,
+    linalg,
+    loss,
+    norm,
+    pool,
+    reduce,
+    resize,
+)
+
+__all__ = ["REGISTRY", "OpDef", "TensorType", "TileContext", "TileSpec", "lookup", "register"]

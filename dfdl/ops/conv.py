@@ -1,0 +1,320 @@
+"""Convolutions: Conv and ConvTranspose, 1-D/2-D/3-D (ONNX semantics, opset 22).
+
+The numpy forwards loop over kernel offsets and contract channels with einsum over a
+padded input (Conv) or scatter into a full-size output (ConvTranspose); they are the
+oracle for the numba im2col/col2im kernels in ``dfdl.ops.cpu.conv``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from dfdl.errors import ShapeError, UnsupportedOpError
+from dfdl.ops.cpu.conv import conv_cpu, conv_transpose_cpu
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+
+_DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+class Geometry(NamedTuple):
+    """Per spatial axis: kernel size, stride, dilation, begin/end pads, output size."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    out: tuple[int, ...]
+
+
+def _ints(op: str, name: str, value, nd: int, default: int) -> tuple[int, ...]:
+    if value is None:
+        return (default,) * nd
+    value = tuple(int(v) for v in value)
+    if len(value) != nd:
+        raise ShapeError(f"{op}: {name}={list(value)} needs {nd} values", name=name)
+    return value
+
+
+def _common(op, x_shape, w_shape, auto_pad, dilations, kernel_shape, strides):
+    if auto_pad not in _AUTO_PADS:
+        raise UnsupportedOpError(f"{op}: auto_pad={auto_pad!r} is not supported", op_type=op)
+    nd = len(x_shape) - 2
+    if nd < 1 or len(w_shape) != len(x_shape):
+        raise ShapeError(f"{op}: X {x_shape} and W {w_shape} must both have rank >= 3")
+    k = tuple(int(v) for v in w_shape[2:])
+    if kernel_shape is not None and tuple(kernel_shape) != k:
+        raise ShapeError(f"{op}: kernel_shape={list(kernel_shape)} but W has shape {w_shape}")
+    s = _ints(op, "strides", strides, nd, 1)
+    d = _ints(op, "dilations", dilations, nd, 1)
+    if min(s + d) < 1:
+        raise ShapeError(f"{op}: strides and dilations must be >= 1")
+    eff = tuple((ki - 1) * di + 1 for ki, di in zip(k, d, strict=True))
+    return nd, k, s, d, eff
+
+
+def conv_geometry(
+    x_shape,
+    w_shape,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+) -> Geometry:
+    """Kernel, strides, dilations, resolved pads and output size of a Conv."""
+    nd, k, s, d, eff = _common("Conv", x_shape, w_shape, auto_pad, dilations, kernel_shape, strides)
+    n_in = x_shape[2:]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = tuple(-(-n // si) for n, si in zip(n_in, s, strict=True))
+        total = [
+            max(0, (o - 1) * si + e - n) for o, si, e, n in zip(out, s, eff, n_in, strict=True)
+        ]
+        # SAME_UPPER puts the odd extra pad at the end, SAME_LOWER at the beginning
+        pb = tuple(t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total)
+        pe = tuple(t - b for t, b in zip(total, pb, strict=True))
+    else:
+        p = (0,) * (2 * nd) if auto_pad == "VALID" else _ints("Conv", "pads", pads, 2 * nd, 0)
+        pb, pe = p[:nd], p[nd:]
+        out = tuple(
+            (n + b + e - ef) // si + 1 for n, b, e, ef, si in zip(n_in, pb, pe, eff, s, strict=True)
+        )
+    if min(out) < 1:
+        raise ShapeError(f"Conv: input {x_shape} too small for kernel {k} (output {out})")
+    return Geometry(k, s, d, pb, pe, out)
+
+
+def conv_transpose_geometry(
+    x_shape,
+    w_shape,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    kernel_shape=None,
+    output_padding=None,
+    output_shape=None,
+    pads=None,
+    strides=None,
+) -> Geometry:
+    """Geometry of a ConvTranspose; pads may be negative (output cropped past the end)."""
+    op = "ConvTranspose"
+    nd, k, s, d, eff = _common(op, x_shape, w_shape, auto_pad, dilations, kernel_shape, strides)
+    n_in = x_shape[2:]
+    opad = _ints(op, "output_padding", output_padding, nd, 0)
+    # the output an unpadded transposed conv writes to, before output_padding
+    full = tuple(si * (n - 1) + e for si, n, e in zip(s, n_in, eff, strict=True))
+    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if output_shape is not None:
+            out = tuple(int(v) for v in output_shape)[-nd:]  # some files give (N, C, ...)
+            if len(out) != nd:
+                raise ShapeError(f"{op}: output_shape={list(output_shape)} needs {nd} values")
+        else:
+            out = tuple(n * si for n, si in zip(n_in, s, strict=True))
+        total = [f + p - o for f, p, o in zip(full, opad, out, strict=True)]
+        pb = tuple(t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total)
+        pe = tuple(t - b for t, b in zip(total, pb, strict=True))
+    else:
+        p = (0,) * (2 * nd) if auto_pad == "VALID" else _ints(op, "pads", pads, 2 * nd, 0)
+        pb, pe = p[:nd], p[nd:]
+        out = tuple(f + p - b - e for f, p, b, e in zip(full, opad, pb, pe, strict=True))
+    if min(out) < 1:
+        raise ShapeError(f"{op}: output size {out} is empty (input {x_shape})")
+    return Geometry(k, s, d, pb, pe, out)
+
+
+def _window(a: np.ndarray, starts, sizes) -> np.ndarray:
+    """``a[..., starts:starts+sizes]`` over the trailing axes, zero outside ``a``."""
+    nd = len(starts)
+    lead = a.shape[: a.ndim - nd]
+    res = np.zeros((*lead, *sizes), a.dtype)
+    src, dst = [], []
+    for st, size, n in zip(starts, sizes, a.shape[a.ndim - nd :], strict=True):
+        lo, hi = max(st, 0), min(st + size, n)
+        if hi <= lo:
+            return res
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - st, hi - st))
+    res[(..., *dst)] = a[(..., *src)]
+    return res
+
+
+def _acc_dtype(dtype: np.dtype) -> np.dtype:
+    return np.promote_types(dtype, np.float32)  # float16 accumulates in float32
+
+
+def _check_types(op, x, w, b, m):
+    if x.dtype not in _DTYPES:
+        raise UnsupportedOpError(f"{op}: dtype {x.dtype} is not supported", op_type=op)
+    if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
+        raise ShapeError(f"{op}: X, W and B must have the same dtype")
+    if b is not None and b.shape != (m,):
+        raise ShapeError(f"{op}: B has shape {b.shape}, expected ({m},)", name="B")
+
+
+# ----------------------------------------------------------------------------- Conv
+
+
+def _conv_shape(inputs, consts, *, group=1, **attrs):
+    x, w, b = (list(inputs) + [None])[:3]
+    geo = conv_geometry(x.shape, w.shape, **attrs)
+    m = w.shape[0]
+    if group < 1 or x.shape[1] != w.shape[1] * group or m % group:
+        raise ShapeError(f"Conv: X {x.shape}, W {w.shape} do not fit group={group}")
+    _check_types("Conv", x, w, b, m)
+    return [TensorType((x.shape[0], m, *geo.out), x.dtype)]
+
+
+def _conv_tile(ctx: TileContext) -> TileSpec:
+    x, _, b = (list(ctx.inputs) + [None])[:3]
+    sp = "." * (x.rank - 2)  # spatial axes need halos: not split (yet)
+    if ctx.attrs.get("group", 1) == 1:
+        # input channels c are contracted: partial sums over c tiles; bias added once
+        return TileSpec(
+            inputs=("nc" + sp, "oc" + sp, None if b is None else "o"),
+            outputs=("no" + sp,),
+            reduce={"c": "sum"},
+            first_only={2},
+        )
+    return TileSpec(
+        inputs=("n." + sp, ".." + sp, None if b is None else "."),
+        outputs=("n." + sp,),
+    )
+
+
+@register("Conv", shape=_conv_shape, tile=_conv_tile, kernels={"cpu": conv_cpu})
+def Conv(
+    X,
+    W,
+    B=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """N-D convolution (cross-correlation) with groups, strides, dilations and pads."""
+    geo = conv_geometry(
+        X.shape,
+        W.shape,
+        auto_pad=auto_pad,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    n, c = X.shape[:2]
+    m = W.shape[0]
+    cg, mg = c // group, m // group
+    size = [x + b + e for x, b, e in zip(X.shape[2:], geo.pads_begin, geo.pads_end, strict=True)]
+    xp = _window(X, [-b for b in geo.pads_begin], size)
+    y = np.zeros((n, m, *geo.out), _acc_dtype(X.dtype))
+    for off in np.ndindex(*geo.kernel):
+        # input positions o*s + off*d for every output position o
+        sl = tuple(
+            slice(o * d, o * d + s * (n_out - 1) + 1, s)
+            for o, d, s, n_out in zip(off, geo.dilations, geo.strides, geo.out, strict=True)
+        )
+        xs = xp[(slice(None), slice(None), *sl)]
+        for g in range(group):
+            w = W[(slice(g * mg, (g + 1) * mg), slice(None), *off)]
+            y[:, g * mg : (g + 1) * mg] += np.einsum(
+                "nc...,mc->nm...", xs[:, g * cg : (g + 1) * cg], w
+            )
+    if B is not None:
+        y += B.reshape((1, m) + (1,) * len(geo.out))
+    return y.astype(X.dtype)
+
+
+# -------------------------------------------------------------------- ConvTranspose
+
+
+def _conv_transpose_shape(inputs, consts, *, group=1, **attrs):
+    x, w, b = (list(inputs) + [None])[:3]
+    geo = conv_transpose_geometry(x.shape, w.shape, **attrs)
+    m = w.shape[1] * group
+    if group < 1 or x.shape[1] != w.shape[0] or x.shape[1] % group:
+        raise ShapeError(f"ConvTranspose: X {x.shape}, W {w.shape} do not fit group={group}")
+    _check_types("ConvTranspose", x, w, b, m)
+    return [TensorType((x.shape[0], m, *geo.out), x.dtype)]
+
+
+def _conv_transpose_tile(ctx: TileContext) -> TileSpec:
+    x, _, b = (list(ctx.inputs) + [None])[:3]
+    sp = "." * (x.rank - 2)
+    if ctx.attrs.get("group", 1) == 1:
+        # W is (C_in, C_out, k...): input channels c are contracted
+        return TileSpec(
+            inputs=("nc" + sp, "co" + sp, None if b is None else "o"),
+            outputs=("no" + sp,),
+            reduce={"c": "sum"},
+            first_only={2},
+        )
+    return TileSpec(
+        inputs=("n." + sp, ".." + sp, None if b is None else "."),
+        outputs=("n." + sp,),
+    )
+
+
+@register(
+    "ConvTranspose",
+    shape=_conv_transpose_shape,
+    tile=_conv_transpose_tile,
+    kernels={"cpu": conv_transpose_cpu},
+)
+def ConvTranspose(
+    X,
+    W,
+    B=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    output_padding=None,
+    output_shape=None,
+    pads=None,
+    strides=None,
+):
+    """N-D transposed convolution with groups, strides, dilations, pads, output_padding
+    and output_shape."""
+    geo = conv_transpose_geometry(
+        X.shape,
+        W.shape,
+        auto_pad=auto_pad,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        output_padding=output_padding,
+        output_shape=output_shape,
+        pads=pads,
+        strides=strides,
+    )
+    n, c = X.shape[:2]
+    mg = W.shape[1]
+    m, cg = mg * group, c // group
+    n_in = X.shape[2:]
+    full = [
+        s * (i - 1) + (k - 1) * d + 1
+        for s, i, k, d in zip(geo.strides, n_in, geo.kernel, geo.dilations, strict=True)
+    ]
+    yf = np.zeros((n, m, *full), _acc_dtype(X.dtype))
+    for off in np.ndindex(*geo.kernel):
+        # input position i lands on output position i*s + off*d
+        sl = tuple(
+            slice(o * d, o * d + s * (i - 1) + 1, s)
+            for o, d, s, i in zip(off, geo.dilations, geo.strides, n_in, strict=True)
+        )
+        for g in range(group):
+            w = W[(slice(g * cg, (g + 1) * cg), slice(None), *off)]
+            yf[(slice(None), slice(g * mg, (g + 1) * mg), *sl)] += np.einsum(
+                "nc...,cm->nm...", X[:, g * cg : (g + 1) * cg], w
+            )
+    y = _window(yf, geo.pads_begin, geo.out)
+    if B is not None:
+        y += B.reshape((1, m) + (1,) * len(geo.out))
+    return y.astype(X.dtype)

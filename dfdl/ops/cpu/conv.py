@@ -1,0 +1,263 @@
+"""CPU kernels for Conv and ConvTranspose: numba im2col / col2im around a BLAS GEMM.
+
+Every convolution is run as 3-D (1-D and 2-D get leading singleton spatial axes).
+Conv: ``cols = im2col(x)`` of shape (C/g * kd*kh*kw, positions), then ``y = W @ cols``.
+ConvTranspose: ``cols = W^T @ x``, then ``col2im`` scatter-adds cols into the output.
+The cols buffer is built in blocks of at most ``COLS_BYTES`` (several samples at once
+when images are small, a range of output rows when they are large), so the temporary
+stays bounded whatever the tile size. float32/float64 only; other dtypes use the numpy
+forward.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+#: upper bound on one im2col/col2im buffer (bytes)
+COLS_BYTES = 4 << 20
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+# Both loops below index flat views with unsigned integers: numba then emits no
+# negative-index wraparound check, and the contiguous copies vectorize.
+
+
+@numba.njit(cache=True)
+def _im2col(x, cols, col0, r0, r1, out_h, out_w, k, s, d, p):
+    """Write output rows ``r0:r1`` (row = od*out_h + oh) of ``x`` (C, D, H, W) into
+    ``cols[:, col0:]``; cols row = ((c*kd + i)*kh + j)*kw + l, zero where padded."""
+    n_c, n_d, n_h, n_w = x.shape
+    xf = x.reshape(x.size)
+    cf = cols.reshape(cols.size)
+    sw = np.uint64(s[2])
+    row = 0
+    for c in range(n_c):
+        for i in range(k[0]):
+            for j in range(k[1]):
+                for l in range(k[2]):
+                    off_w = l * d[2] - p[2]
+                    # output columns whose input column ow*sw + off_w lies inside x
+                    lo = min(max(0, -(off_w // s[2])), out_w)
+                    hi = max(min(out_w, (n_w - 1 - off_w) // s[2] + 1), lo)
+                    od, oh = r0 // out_h, r0 % out_h
+                    base = row * cols.shape[1] + col0
+                    for _ in range(r0, r1):
+                        iz = od * s[0] + i * d[0] - p[0]
+                        iy = oh * s[1] + j * d[1] - p[1]
+                        dst = np.uint64(base)
+                        if iz < 0 or iz >= n_d or iy < 0 or iy >= n_h:
+                            for ow in range(np.uint64(out_w)):
+                                cf[dst + ow] = 0
+                        else:
+                            src = np.uint64(((c * n_d + iz) * n_h + iy) * n_w + off_w + lo * s[2])
+                            for ow in range(np.uint64(lo)):
+                                cf[dst + ow] = 0
+                            dst += np.uint64(lo)
+                            if s[2] == 1:
+                                for t in range(np.uint64(hi - lo)):
+                                    cf[dst + t] = xf[src + t]
+                            else:
+                                for t in range(np.uint64(hi - lo)):
+                                    cf[dst + t] = xf[src + t * sw]
+                            dst = np.uint64(base)
+                            for ow in range(np.uint64(hi), np.uint64(out_w)):
+                                cf[dst + ow] = 0
+                        base += out_w
+                        oh += 1
+                        if oh == out_h:
+                            oh, od = 0, od + 1
+                    row += 1
+
+
+@numba.njit(cache=True)
+def _col2im(cols, col0, r0, r1, in_h, in_w, y, k, s, d, p):
+    """Scatter-add ``cols[:, col0:]`` (input rows ``r0:r1``, row = id*in_h + ih) into
+    ``y`` (C, D, H, W): input position i, kernel offset o lands on i*s + o*d - p."""
+    n_c, n_d, n_h, n_w = y.shape
+    yf = y.reshape(y.size)
+    cf = cols.reshape(cols.size)
+    sw = np.uint64(s[2])
+    row = 0
+    for c in range(n_c):
+        for i in range(k[0]):
+            for j in range(k[1]):
+                for l in range(k[2]):
+                    off_w = l * d[2] - p[2]
+                    # input columns whose output column iw*sw + off_w lies inside y
+                    lo = min(max(0, -(off_w // s[2])), in_w)
+                    hi = max(min(in_w, (n_w - 1 - off_w) // s[2] + 1), lo)
+                    iz, iy = r0 // in_h, r0 % in_h
+                    base = row * cols.shape[1] + col0
+                    for _ in range(r0, r1):
+                        oz = iz * s[0] + i * d[0] - p[0]
+                        oy = iy * s[1] + j * d[1] - p[1]
+                        if 0 <= oz < n_d and 0 <= oy < n_h:
+                            src = np.uint64(base + lo)
+                            dst = np.uint64(((c * n_d + oz) * n_h + oy) * n_w + off_w + lo * s[2])
+                            for t in range(np.uint64(hi - lo)):
+                                yf[dst + t * sw] += cf[src + t]
+                        base += in_w
+                        iy += 1
+                        if iy == in_h:
+                            iy, iz = 0, iz + 1
+                    row += 1
+
+
+def _to3d(values, fill: int) -> np.ndarray:
+    values = tuple(values)
+    return np.array((fill,) * (3 - len(values)) + values, dtype=np.int64)
+
+
+def _blocks(n: int, per_block: int) -> list[tuple[int, int]]:
+    """Split range(n) into near-equal blocks of at most ``per_block`` items."""
+    if n == 0:
+        return []
+    count = -(-n // max(1, per_block))
+    size = -(-n // count)
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def _plan(n: int, rows: int, row_len: int, kk: int, itemsize: int):
+    """Blocks ``(n0, n1, r0, r1)`` of (samples, rows) whose cols buffer (kk rows) fits
+    ``COLS_BYTES``, and the widest block's column count."""
+    sample_bytes = kk * rows * row_len * itemsize
+    if sample_bytes <= COLS_BYTES:  # small images: several samples side by side
+        blocks = [(a, b, 0, rows) for a, b in _blocks(n, COLS_BYTES // max(1, sample_bytes))]
+        width = max((b - a for a, b, _, _ in blocks), default=0) * rows * row_len
+    else:  # large images: a range of rows of one sample
+        row_blocks = _blocks(rows, COLS_BYTES // (kk * row_len * itemsize))
+        blocks = [(i, i + 1, a, b) for i in range(n) for a, b in row_blocks]
+        width = max(b - a for a, b in row_blocks) * row_len
+    return blocks, width
+
+
+def _supported(X, W, B) -> bool:
+    return (
+        X.dtype in _FLOATS
+        and W.dtype == X.dtype
+        and (B is None or B.dtype == X.dtype)
+        and 3 <= X.ndim <= 5
+    )
+
+
+def conv_cpu(
+    X,
+    W,
+    B=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """Conv tile kernel: numba im2col + BLAS matmul; same signature as the forward."""
+    from dfdl.ops import conv as ops  # lazy: dfdl.ops.conv imports this module
+
+    attrs = {
+        "auto_pad": auto_pad,
+        "dilations": dilations,
+        "kernel_shape": kernel_shape,
+        "pads": pads,
+        "strides": strides,
+    }
+    if not _supported(X, W, B):
+        return ops.Conv(X, W, B, group=group, **attrs)
+    geo = ops.conv_geometry(X.shape, W.shape, **attrs)
+    n, c = X.shape[:2]
+    m = W.shape[0]
+    cg, mg = c // group, m // group
+    x = np.ascontiguousarray(X).reshape((n, c, *_to3d(X.shape[2:], 1)))
+    k, s, d = _to3d(geo.kernel, 1), _to3d(geo.strides, 1), _to3d(geo.dilations, 1)
+    p = _to3d(geo.pads_begin, 0)
+    out_d, out_h, out_w = (int(v) for v in _to3d(geo.out, 1))
+    rows, npos = out_d * out_h, out_d * out_h * out_w
+    kk = cg * int(np.prod(k))
+    w2 = np.ascontiguousarray(W).reshape(group, mg, kk)
+    y = np.empty((n, m, npos), X.dtype)
+    pointwise = kk == cg and not p.any() and (s == 1).all() and npos == x[0, 0].size
+    blocks, width = ([], 0) if pointwise else _plan(n, rows, out_w, kk, X.itemsize)
+    buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block
+    for g in range(group):
+        xg = x[:, g * cg : (g + 1) * cg]
+        yg = y[:, g * mg : (g + 1) * mg]
+        if pointwise:  # 1x1 kernel, stride 1, no pad: cols is the input itself
+            np.matmul(w2[g], xg.reshape(n, cg, npos), out=yg)
+        for n0, n1, r0, r1 in blocks:
+            step = (r1 - r0) * out_w
+            cols = buf[: kk * step * (n1 - n0)].reshape(kk, step * (n1 - n0))
+            for i in range(n1 - n0):
+                _im2col(xg[n0 + i], cols, i * step, r0, r1, out_h, out_w, k, s, d, p)
+            if n1 - n0 == 1:
+                np.matmul(w2[g], cols, out=yg[n0, :, r0 * out_w : r1 * out_w])
+            else:
+                res = np.matmul(w2[g], cols).reshape(mg, n1 - n0, npos)
+                yg[n0:n1] = res.transpose(1, 0, 2)
+    if B is not None:
+        y += B.reshape(1, m, 1)
+    return y.reshape((n, m, *geo.out))
+
+
+def conv_transpose_cpu(
+    X,
+    W,
+    B=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    output_padding=None,
+    output_shape=None,
+    pads=None,
+    strides=None,
+):
+    """ConvTranspose tile kernel: BLAS matmul + numba col2im; same signature as the
+    forward."""
+    from dfdl.ops import conv as ops  # lazy: dfdl.ops.conv imports this module
+
+    attrs = {
+        "auto_pad": auto_pad,
+        "dilations": dilations,
+        "kernel_shape": kernel_shape,
+        "output_padding": output_padding,
+        "output_shape": output_shape,
+        "pads": pads,
+        "strides": strides,
+    }
+    if not _supported(X, W, B):
+        return ops.ConvTranspose(X, W, B, group=group, **attrs)
+    geo = ops.conv_transpose_geometry(X.shape, W.shape, **attrs)
+    n, c = X.shape[:2]
+    mg = W.shape[1]
+    m, cg = mg * group, c // group
+    in_d, in_h, in_w = (int(v) for v in _to3d(X.shape[2:], 1))
+    rows, npos = in_d * in_h, in_d * in_h * in_w
+    x = np.ascontiguousarray(X).reshape(n, c, npos)
+    k, s, d = _to3d(geo.kernel, 1), _to3d(geo.strides, 1), _to3d(geo.dilations, 1)
+    p = _to3d(geo.pads_begin, 0)
+    kk = mg * int(np.prod(k))
+    # (group, C/g, C_out/g * k) -> (group, C_out/g * k, C/g): cols = wt @ x
+    wt = np.ascontiguousarray(W.reshape(group, cg, kk).transpose(0, 2, 1))
+    y = np.zeros((n, m, *_to3d(geo.out, 1)), X.dtype)
+    blocks, width = _plan(n, rows, in_w, kk, X.itemsize)
+    buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block
+    for g in range(group):
+        xg = x[:, g * cg : (g + 1) * cg]
+        yg = y[:, g * mg : (g + 1) * mg]
+        for n0, n1, r0, r1 in blocks:
+            step = (r1 - r0) * in_w
+            cols = buf[: kk * step * (n1 - n0)].reshape(kk, step * (n1 - n0))
+            if n1 - n0 == 1:
+                np.matmul(wt[g], xg[n0, :, r0 * in_w : r1 * in_w], out=cols)
+            else:  # samples side by side: (C/g, n * positions)
+                xs = xg[n0:n1].transpose(1, 0, 2).reshape(cg, (n1 - n0) * npos)
+                np.matmul(wt[g], xs, out=cols)
+            for i in range(n1 - n0):
+                _col2im(cols, i * step, r0, r1, in_h, in_w, yg[n0 + i], k, s, d, p)
+    if B is not None:
+        y += B.reshape((1, m, 1, 1, 1))
+    return y.reshape((n, m, *geo.out))

@@ -1,0 +1,179 @@
+"""Numba kernels for Batch-, Instance- and LayerNormalization (float32/float64 inputs).
+
+Statistics accumulate in float64; results are rounded once to the output dtype. Each
+wrapper has the forward's exact signature and falls back to the numpy forward for other
+dtypes or layouts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _f64(p) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(p, dtype=np.float64).reshape(-1))
+
+
+# ----------------------------------------------------------------- kernels
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _affine_nc(x, mean, var, scale, bias, eps, y):
+    """y[n, c, :] = scale[c] * (x[n, c, :] - mean[c]) / sqrt(var[c] + eps) + bias[c]."""
+    N, C, S = x.shape
+    for c in range(C):
+        a = scale[c] / math.sqrt(var[c] + eps)
+        for n in range(N):
+            for s in range(S):
+                y[n, c, s] = (x[n, c, s] - mean[c]) * a + bias[c]
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _channel_stats(x, mean, var):
+    """Per-channel mean and biased variance of x (N, C, S), two-pass in float64."""
+    N, C, S = x.shape
+    cnt = N * S
+    for c in range(C):
+        s1 = 0.0
+        for n in range(N):
+            for s in range(S):
+                s1 += x[n, c, s]
+        m = s1 / cnt
+        s2 = 0.0
+        for n in range(N):
+            for s in range(S):
+                d = x[n, c, s] - m
+                s2 += d * d
+        mean[c] = m
+        var[c] = s2 / cnt
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _instance_norm(x, scale, bias, eps, y):
+    """Normalizes each x[n, c, :] over its S elements, then scale/bias per channel."""
+    N, C, S = x.shape
+    for n in range(N):
+        for c in range(C):
+            s1 = 0.0
+            for s in range(S):
+                s1 += x[n, c, s]
+            m = s1 / S
+            s2 = 0.0
+            for s in range(S):
+                d = x[n, c, s] - m
+                s2 += d * d
+            a = scale[c] / math.sqrt(s2 / S + eps)
+            for s in range(S):
+                y[n, c, s] = (x[n, c, s] - m) * a + bias[c]
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _layer_norm_rows(x, scale, bias, eps, y, mean, inv):
+    """Row-wise layer norm of x (R, K): stats stored in mean/inv (their dtype = stash)."""
+    R, K = x.shape
+    for r in range(R):
+        s1 = 0.0
+        for k in range(K):
+            s1 += x[r, k]
+        m = s1 / K
+        s2 = 0.0
+        for k in range(K):
+            d = x[r, k] - m
+            s2 += d * d
+        iv = 1.0 / math.sqrt(s2 / K + eps)
+        mean[r] = m
+        inv[r] = iv
+        for k in range(K):
+            y[r, k] = (x[r, k] - m) * iv * scale[k] + bias[k]
+
+
+# ----------------------------------------------------------------- wrappers
+
+
+def _as_nc_s(x: np.ndarray) -> np.ndarray:
+    """(N, C, D1, ...) as a contiguous (N, C, S) view."""
+    return np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], -1)
+
+
+def cpu_batch_normalization(
+    X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9, training_mode=0
+):
+    """BatchNormalization with numba kernels for float32/float64 X."""
+    if X.dtype not in _FLOATS or X.ndim < 2:
+        from dfdl.ops.norm import BatchNormalization
+
+        return BatchNormalization(
+            X,
+            scale,
+            B,
+            input_mean,
+            input_var,
+            epsilon=epsilon,
+            momentum=momentum,
+            training_mode=training_mode,
+        )
+    x = _as_nc_s(X)
+    C = x.shape[1]
+    y = np.empty_like(x)
+    if not training_mode:
+        mean, var = _f64(input_mean), _f64(input_var)
+        _affine_nc(x, mean, var, _f64(scale), _f64(B), float(epsilon), y)
+        return y.reshape(X.shape)
+    mean, var = np.empty(C), np.empty(C)
+    _channel_stats(x, mean, var)
+    # the forward's batch statistics have X's dtype; round alike
+    mean, var = mean.astype(X.dtype), var.astype(X.dtype)
+    _affine_nc(x, _f64(mean), _f64(var), _f64(scale), _f64(B), float(epsilon), y)
+    running_mean = input_mean * momentum + mean * (1 - momentum)
+    running_var = input_var * momentum + var * (1 - momentum)
+    return (
+        y.reshape(X.shape),
+        running_mean.astype(input_mean.dtype, copy=False),
+        running_var.astype(input_var.dtype, copy=False),
+    )
+
+
+def cpu_instance_normalization(input, scale, B, *, epsilon=1e-5):
+    """InstanceNormalization with a numba kernel for float32/float64 inputs."""
+    if input.dtype not in _FLOATS or input.ndim < 3:
+        from dfdl.ops.norm import InstanceNormalization
+
+        return InstanceNormalization(input, scale, B, epsilon=epsilon)
+    x = _as_nc_s(input)
+    y = np.empty_like(x)
+    _instance_norm(x, _f64(scale), _f64(B), float(epsilon), y)
+    return y.reshape(input.shape)
+
+
+def cpu_layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """LayerNormalization with a numba kernel for float32/float64 X.
+
+    Scale and B must broadcast to the normalized shape ``X.shape[axis:]`` (the usual
+    case); other layouts use the numpy forward.
+    """
+    from dfdl.ops.norm import LayerNormalization, stash_dtype
+
+    ax = axis + X.ndim if axis < 0 else axis
+    norm_shape = X.shape[ax:]
+    ok = X.dtype in _FLOATS and all(p is None or p.ndim <= len(norm_shape) for p in (Scale, B))
+    if not ok:
+        return LayerNormalization(X, Scale, B, axis=axis, epsilon=epsilon, stash_type=stash_type)
+    dt = stash_dtype(stash_type)
+    K = int(np.prod(norm_shape, dtype=np.int64))
+    R = int(np.prod(X.shape[:ax], dtype=np.int64))
+    x = np.ascontiguousarray(X).reshape(R, K)
+    if dt == np.float32 and X.dtype == np.float64:
+        # statistics in float32 precision, as the stash type asks
+        x = x.astype(np.float32).astype(np.float64)
+    s = _f64(np.broadcast_to(Scale, norm_shape))
+    b = np.zeros(K) if B is None else _f64(np.broadcast_to(B, norm_shape))
+    y = np.empty((R, K), dtype=X.dtype)
+    mean, inv = np.empty(R, dtype=dt), np.empty(R, dtype=dt)
+    _layer_norm_rows(x, s, b, float(epsilon), y, mean, inv)
+    stat = X.shape[:ax] + (1,) * (X.ndim - ax)
+    return y.reshape(X.shape), mean.reshape(stat), inv.reshape(stat)

@@ -1,0 +1,192 @@
+"""numba kernels for MaxPool / AveragePool (float32/float64, 1-D/2-D/3-D).
+
+Every input is viewed as ``(N*C, D, H, W)``: lower ranks get leading singleton spatial
+axes (kernel 1, stride 1, no padding), which leaves row-major and column-major flat
+offsets unchanged. MaxPool computes ``Y`` and the argmax offsets in the same pass.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from dfdl.ops import pool as ref
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@numba.njit(cache=True)
+def _tap_ranges(out, L, k, s, d, pb):
+    """Per output position, the taps ``[lo, hi)`` that fall inside ``[0, L)``."""
+    lo = np.empty(out, np.int64)
+    hi = np.empty(out, np.int64)
+    for o in range(out):
+        start = o * s - pb
+        t0 = 0 if start >= 0 else (-start + d - 1) // d
+        t1 = (L - 1 - start) // d + 1 if L - 1 - start >= 0 else 0
+        t1 = min(t1, k)
+        lo[o] = t0
+        hi[o] = max(t0, t1)
+    return lo, hi
+
+
+@numba.njit(cache=True)
+def _pool_kernel(x, y, idx, k, s, d, pb, pe, is_max, include_pad, col_major):
+    B, D, H, W = x.shape
+    _, OD, OH, OW = y.shape
+    lod, hid = _tap_ranges(OD, D, k[0], s[0], d[0], pb[0])
+    loh, hih = _tap_ranges(OH, H, k[1], s[1], d[1], pb[1])
+    low, hiw = _tap_ranges(OW, W, k[2], s[2], d[2], pb[2])
+    # strides of the flat offset of (z, h, w): row-major or column-major
+    if col_major:
+        sz, sh, sw = 1, D, D * H
+    else:
+        sz, sh, sw = H * W, W, 1
+    for b in range(B):
+        xb = x[b]
+        for od in range(OD):
+            z0 = od * s[0] - pb[0]
+            for oh in range(OH):
+                h0 = oh * s[1] - pb[1]
+                for ow in range(OW):
+                    w0 = ow * s[2] - pb[2]
+                    if is_max:
+                        if hid[od] <= lod[od] or hih[oh] <= loh[oh] or hiw[ow] <= low[ow]:
+                            y[b, od, oh, ow] = 0  # window entirely in the padding
+                            idx[b, od, oh, ow] = -1
+                            continue
+                        # start from the first valid tap; later taps must be strictly larger
+                        z = z0 + lod[od] * d[0]
+                        h = h0 + loh[oh] * d[1]
+                        w = w0 + low[ow] * d[2]
+                        best = xb[z, h, w]
+                        arg = z * sz + h * sh + w * sw
+                        for tz in range(lod[od], hid[od]):
+                            z = z0 + tz * d[0]
+                            for th in range(loh[oh], hih[oh]):
+                                h = h0 + th * d[1]
+                                for tw in range(low[ow], hiw[ow]):
+                                    w = w0 + tw * d[2]
+                                    v = xb[z, h, w]
+                                    gt = v > best  # branch-free selects run faster here
+                                    best = v if gt else best
+                                    arg = z * sz + h * sh + w * sw if gt else arg
+                        y[b, od, oh, ow] = best
+                        idx[b, od, oh, ow] = b * D * H * W + arg
+                    else:
+                        acc = 0.0
+                        for tz in range(lod[od], hid[od]):
+                            z = z0 + tz * d[0]
+                            for th in range(loh[oh], hih[oh]):
+                                h = h0 + th * d[1]
+                                for tw in range(low[ow], hiw[ow]):
+                                    acc += xb[z, h, w0 + tw * d[2]]
+                        if include_pad:
+                            # taps before the end of the explicit padding count, overhang not
+                            cz = _count_until(z0, k[0], d[0], D + pe[0])
+                            ch = _count_until(h0, k[1], d[1], H + pe[1])
+                            cw = _count_until(w0, k[2], d[2], W + pe[2])
+                        else:
+                            cz = hid[od] - lod[od]
+                            ch = hih[oh] - loh[oh]
+                            cw = hiw[ow] - low[ow]
+                        cnt = cz * ch * cw
+                        y[b, od, oh, ow] = acc / cnt if cnt > 0 else np.nan
+
+
+@numba.njit(cache=True)
+def _count_until(start, k, d, end):
+    """Taps ``start + t*d`` (t < k) lying before ``end``."""
+    if start >= end:
+        return 0
+    return min(k, (end - 1 - start) // d + 1)
+
+
+def _as3(vals, fill):
+    """Left-pad a per-spatial-axis tuple to 3 entries."""
+    return np.array((fill,) * (3 - len(vals)) + tuple(vals), np.int64)
+
+
+def _run(X, g: ref.PoolGeometry, is_max, include_pad=0, storage_order=0):
+    N, C, *sp = X.shape
+    x = np.ascontiguousarray(X).reshape((N * C,) + (1,) * (3 - len(sp)) + tuple(sp))
+    out3 = (1,) * (3 - len(sp)) + g.out
+    y = np.empty((N * C, *out3), X.dtype)
+    idx = np.empty((N * C, *out3) if is_max else (1, 1, 1, 1), np.int64)
+    _pool_kernel(
+        x,
+        y,
+        idx,
+        _as3(g.kernel, 1),
+        _as3(g.strides, 1),
+        _as3(g.dilations, 1),
+        _as3(g.pads_begin, 0),
+        _as3(g.pads_end, 0),
+        is_max,
+        bool(include_pad),
+        storage_order == 1,
+    )
+    shape = (N, C, *g.out)
+    return (y.reshape(shape), idx.reshape(shape)) if is_max else y.reshape(shape)
+
+
+def _supported(X) -> bool:
+    return X.dtype in _KERNEL_DTYPES and 3 <= X.ndim <= 5
+
+
+def MaxPool(
+    X,
+    *,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    storage_order=0,
+    strides=None,
+):
+    """numba MaxPool (Y and Indices); numpy forward for other dtypes/ranks."""
+    attrs = dict(
+        auto_pad=auto_pad,
+        ceil_mode=ceil_mode,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        storage_order=storage_order,
+        strides=strides,
+    )
+    if not _supported(X):
+        return ref.MaxPool(X, **attrs)
+    g = ref.pool_geometry(
+        "MaxPool", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return _run(X, g, True, storage_order=storage_order)
+
+
+def AveragePool(
+    X,
+    *,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    count_include_pad=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """numba AveragePool; numpy forward for other dtypes/ranks."""
+    if not _supported(X):
+        return ref.AveragePool(
+            X,
+            auto_pad=auto_pad,
+            ceil_mode=ceil_mode,
+            count_include_pad=count_include_pad,
+            dilations=dilations,
+            kernel_shape=kernel_shape,
+            pads=pads,
+            strides=strides,
+        )
+    g = ref.pool_geometry(
+        "AveragePool", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return _run(X, g, False, include_pad=count_include_pad)

@@ -1,0 +1,117 @@
+"""numba kernel for Resize mode "linear" (float32/float64): one pass per resized axis.
+
+Each pass views the tensor as ``(outer, L, inner)`` and computes
+``out[o, j, i] = sum_k w[j, k] * x[o, idx[j, k], i]`` with a float64 accumulator;
+intermediate passes keep the input dtype. Other modes and dtypes use the numpy forward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from dfdl.ops import resize as ref
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@numba.njit(cache=True)
+def _resize_axis(x, out, idx, w, outside, fill):
+    O, _, I = x.shape
+    J, n = idx.shape
+    for o in range(O):
+        for j in range(J):
+            if outside[j]:
+                out[o, j, :] = fill
+                continue
+            for i in range(I):
+                acc = 0.0
+                for k in range(n):
+                    acc += w[j, k] * x[o, idx[j, k], i]
+                out[o, j, i] = acc
+
+
+@numba.njit(cache=True)
+def _resize_last_axis(x, out, idx, w, outside, fill):
+    """``_resize_axis`` for the innermost axis (inner == 1), on 2-D views."""
+    O, _ = x.shape
+    J, n = idx.shape
+    for o in range(O):
+        xr = x[o]
+        orow = out[o]
+        for j in range(J):
+            if outside[j]:
+                orow[j] = fill
+                continue
+            acc = 0.0
+            for k in range(n):
+                acc += w[j, k] * xr[idx[j, k]]
+            orow[j] = acc
+
+
+def Resize(
+    X,
+    roi=None,
+    scales=None,
+    sizes=None,
+    *,
+    antialias=0,
+    axes=None,
+    coordinate_transformation_mode="half_pixel",
+    cubic_coeff_a=-0.75,
+    exclude_outside=0,
+    extrapolation_value=0.0,
+    keep_aspect_ratio_policy="stretch",
+    mode="nearest",
+    nearest_mode="round_prefer_floor",
+):
+    """numba linear Resize; the numpy forward for nearest and other dtypes."""
+    if mode != "linear" or X.dtype not in _KERNEL_DTYPES:
+        return ref.Resize(
+            X,
+            roi,
+            scales,
+            sizes,
+            antialias=antialias,
+            axes=axes,
+            coordinate_transformation_mode=coordinate_transformation_mode,
+            cubic_coeff_a=cubic_coeff_a,
+            exclude_outside=exclude_outside,
+            extrapolation_value=extrapolation_value,
+            keep_aspect_ratio_policy=keep_aspect_ratio_policy,
+            mode=mode,
+            nearest_mode=nearest_mode,
+        )
+    ref.check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
+    plan = ref.resize_plan(
+        X.shape, roi, scales, sizes, axes, keep_aspect_ratio_policy, coordinate_transformation_mode
+    )
+    y = np.ascontiguousarray(X)
+    for a in plan.axes:
+        L = y.shape[a]
+        if plan.identity(a, L):
+            continue
+        idx, w, outside = ref.axis_sampling(
+            plan,
+            a,
+            L,
+            mode=mode,
+            ctm=coordinate_transformation_mode,
+            nearest_mode=nearest_mode,
+            antialias=antialias,
+            exclude_outside=exclude_outside,
+        )
+        if outside is None:
+            outside = np.zeros(len(idx), bool)
+        outer, inner = math.prod(y.shape[:a]), math.prod(y.shape[a + 1 :])
+        new_shape = y.shape[:a] + (plan.out[a],) + y.shape[a + 1 :]
+        out = np.empty(new_shape, X.dtype)
+        args = (idx.astype(np.int64), w, outside, float(extrapolation_value))
+        if inner == 1:
+            _resize_last_axis(y.reshape(outer, L), out.reshape(outer, plan.out[a]), *args)
+        else:
+            _resize_axis(y.reshape(outer, L, inner), out.reshape(outer, plan.out[a], inner), *args)
+        y = out
+    return X.copy() if y is X else y

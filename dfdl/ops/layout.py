@@ -1,0 +1,442 @@
+"""Layout ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split, Slice,
+Expand, Gather.
+
+These move or select elements without arithmetic. An axis is tiled (gets a letter)
+only where the op maps the elements of each tile to one tile of the output on its
+own; axes that are cut, joined, sliced or indexed are never split (".").
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dfdl.errors import ModelError, ShapeError
+from dfdl.ops.common import letters, normalize_axis
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+
+
+def _ints(x) -> list[int]:
+    """A constant 1-D (or scalar) integer input as a list of python ints."""
+    return [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+def _axis(axis: int, rank: int, op: str) -> int:
+    if not -rank <= axis < rank:
+        raise ModelError(f"{op}: axis {axis} is out of range for rank {rank}")
+    return normalize_axis(axis, rank)
+
+
+def _axes(axes, rank: int, op: str) -> list[int]:
+    """Normalized axes; duplicates are an error."""
+    out = [_axis(a, rank, op) for a in _ints(axes)]
+    if len(set(out)) != len(out):
+        raise ModelError(f"{op}: repeated axis in {_ints(axes)}")
+    return out
+
+
+def _region_shape(region) -> np.ndarray:
+    return np.array([s.stop - s.start for s in region], dtype=np.int64)
+
+
+def _set_shape_input(attrs, consts, out_regions):
+    """``adjust`` for Reshape/Expand: the shape input becomes the tile's output shape."""
+    consts = dict(consts)
+    consts[1] = _region_shape(out_regions[0])
+    return attrs, consts
+
+
+# ---------------------------------------------------------------- Reshape / Flatten
+
+
+def reshape_target(in_shape: tuple[int, ...], shape, allowzero: int = 0) -> tuple[int, ...]:
+    """Resolve an ONNX Reshape ``shape`` (0 = copy unless allowzero, -1 = inferred)."""
+    dims, unknown = [], None
+    for i, s in enumerate(_ints(shape)):
+        if s == 0 and not allowzero:
+            if i >= len(in_shape):
+                raise ShapeError(f"Reshape: 0 at position {i} has no input dim to copy")
+            s = in_shape[i]
+        elif s == -1:
+            if unknown is not None:
+                raise ShapeError("Reshape: more than one -1 in shape")
+            unknown, s = i, 1
+        elif s < 0:
+            raise ShapeError(f"Reshape: invalid dimension {s}")
+        dims.append(s)
+    total = math.prod(in_shape)
+    if unknown is not None:
+        known = math.prod(dims)
+        if known == 0 or total % known:
+            raise ShapeError(f"Reshape: cannot infer -1 reshaping {in_shape} to {_ints(shape)}")
+        dims[unknown] = total // known
+    if math.prod(dims) != total:
+        raise ShapeError(f"Reshape: cannot reshape {tuple(in_shape)} to {tuple(dims)}")
+    return tuple(dims)
+
+
+def _reshape_shape(inputs, consts, *, allowzero=0, **attrs):
+    data = inputs[0]
+    return [TensorType(reshape_target(data.shape, consts[1], allowzero), data.dtype)]
+
+
+def common_ends(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int]:
+    """Lengths of the equal leading and trailing dims of two shapes (not overlapping)."""
+    p = 0
+    while p < min(len(a), len(b)) and a[p] == b[p]:
+        p += 1
+    s = 0
+    while s < min(len(a), len(b)) - p and a[-1 - s] == b[-1 - s]:
+        s += 1
+    return p, s
+
+
+def _reshape_tile(ctx: TileContext) -> TileSpec:
+    a, b = ctx.inputs[0].shape, ctx.outputs[0].shape
+    # equal leading/trailing dims are untouched by the reshape of the middle block
+    p, s = common_ends(a, b)
+    lead, trail = letters(p), letters(s, offset=p)
+    spec_in = lead + "." * (len(a) - p - s) + trail
+    spec_out = lead + "." * (len(b) - p - s) + trail
+    return TileSpec(inputs=(spec_in, None), outputs=(spec_out,), adjust=_set_shape_input)
+
+
+@register("Reshape", shape=_reshape_shape, tile=_reshape_tile, const_inputs=(1,))
+def Reshape(data, shape, *, allowzero=0):
+    """Reshape to ``shape`` (0 copies the input dim unless allowzero, -1 is inferred)."""
+    data = np.asarray(data)
+    return data.reshape(reshape_target(data.shape, shape, allowzero))
+
+
+def _flatten_axis(axis: int, rank: int) -> int:
+    if not -rank <= axis <= rank:
+        raise ModelError(f"Flatten: axis {axis} is out of range for rank {rank}")
+    return normalize_axis(axis, rank)
+
+
+def _flatten_dims(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
+    ax = _flatten_axis(axis, len(shape))
+    return math.prod(shape[:ax]), math.prod(shape[ax:])
+
+
+def _flatten_shape(inputs, consts, *, axis=1, **attrs):
+    data = inputs[0]
+    return [TensorType(_flatten_dims(data.shape, axis), data.dtype)]
+
+
+def _flatten_tile(ctx: TileContext) -> TileSpec:
+    shape = ctx.inputs[0].shape
+    r = len(shape)
+    ax = _flatten_axis(ctx.attrs.get("axis", 1), r)
+    spec_in, spec_out = ["."] * r, [".", "."]
+    # axis 0 maps to output row alone when the other leading dims are all 1
+    if ax >= 1 and math.prod(shape[1:ax]) == 1:
+        spec_in[0] = spec_out[0] = "a"
+    # likewise the last axis maps to output column alone
+    if r >= 1 and ax <= r - 1 and math.prod(shape[ax : r - 1]) == 1 and spec_in[r - 1] == ".":
+        spec_in[r - 1] = spec_out[1] = "b"
+    return TileSpec(inputs=("".join(spec_in),), outputs=("".join(spec_out),))
+
+
+@register("Flatten", shape=_flatten_shape, tile=_flatten_tile)
+def Flatten(input, *, axis=1):
+    """Flatten to 2-D: dims before ``axis`` form the rows, the rest the columns."""
+    input = np.asarray(input)
+    return input.reshape(_flatten_dims(input.shape, axis))
+
+
+# ---------------------------------------------------------------- Transpose
+
+
+def _perm(perm, rank: int) -> list[int]:
+    p = list(range(rank))[::-1] if perm is None else _ints(perm)
+    if sorted(normalize_axis(i, rank) for i in p) != list(range(rank)):
+        raise ModelError(f"Transpose: perm {p} is not a permutation of {rank} axes")
+    return [normalize_axis(i, rank) for i in p]
+
+
+def _transpose_shape(inputs, consts, *, perm=None, **attrs):
+    data = inputs[0]
+    p = _perm(perm, data.rank)
+    return [TensorType(tuple(data.shape[i] for i in p), data.dtype)]
+
+
+def _transpose_tile(ctx: TileContext) -> TileSpec:
+    names = letters(ctx.inputs[0].rank)
+    p = _perm(ctx.attrs.get("perm"), len(names))
+    return TileSpec(inputs=(names,), outputs=("".join(names[i] for i in p),))
+
+
+@register("Transpose", shape=_transpose_shape, tile=_transpose_tile)
+def Transpose(data, *, perm=None):
+    """Permute axes (reverse them by default)."""
+    data = np.asarray(data)
+    return np.transpose(data, _perm(perm, data.ndim))
+
+
+# ---------------------------------------------------------------- Squeeze / Unsqueeze
+
+
+def _squeeze_axes(shape: tuple[int, ...], axes) -> list[int]:
+    if axes is None or np.asarray(axes).size == 0:
+        return [i for i, d in enumerate(shape) if d == 1]
+    out = _axes(axes, len(shape), "Squeeze")
+    for a in out:
+        if shape[a] != 1:
+            raise ShapeError(f"Squeeze: axis {a} of shape {shape} is not 1")
+    return sorted(out)
+
+
+def _squeeze_shape(inputs, consts, **attrs):
+    data = inputs[0]
+    axes = _squeeze_axes(data.shape, consts[1] if len(consts) > 1 else None)
+    return [TensorType(tuple(d for i, d in enumerate(data.shape) if i not in axes), data.dtype)]
+
+
+def _squeeze_tile(ctx: TileContext) -> TileSpec:
+    shape = ctx.inputs[0].shape
+    given = ctx.consts[1] if len(ctx.consts) > 1 else None
+    axes = _squeeze_axes(shape, given)
+    names = letters(len(shape))
+    if given is None or np.asarray(given).size == 0:
+        # without explicit axes a tile would also drop kept axes that happen to be 1 wide
+        names = "." * len(shape)
+    spec_in = "".join("." if i in axes else ch for i, ch in enumerate(names))
+    extra = (None,) * (len(ctx.inputs) - 1)
+    spec_out = "".join(ch for i, ch in enumerate(names) if i not in axes)
+    return TileSpec(inputs=(spec_in, *extra), outputs=(spec_out,))
+
+
+@register("Squeeze", shape=_squeeze_shape, tile=_squeeze_tile, const_inputs=(1,))
+def Squeeze(data, axes=None):
+    """Remove size-1 ``axes`` (every size-1 axis when absent)."""
+    data = np.asarray(data)
+    return np.squeeze(data, axis=tuple(_squeeze_axes(data.shape, axes)))
+
+
+def _unsqueeze_axes(rank: int, axes) -> list[int]:
+    return sorted(_axes(axes, rank + len(_ints(axes)), "Unsqueeze"))
+
+
+def _unsqueeze_dims(shape: tuple[int, ...], axes) -> tuple[int, ...]:
+    new = _unsqueeze_axes(len(shape), axes)
+    it = iter(shape)
+    return tuple(1 if i in new else next(it) for i in range(len(shape) + len(new)))
+
+
+def _unsqueeze_shape(inputs, consts, **attrs):
+    data = inputs[0]
+    return [TensorType(_unsqueeze_dims(data.shape, consts[1]), data.dtype)]
+
+
+def _unsqueeze_tile(ctx: TileContext) -> TileSpec:
+    rank = ctx.inputs[0].rank
+    new = _unsqueeze_axes(rank, ctx.consts[1])
+    it = iter(letters(rank))
+    spec_out = "".join("." if i in new else next(it) for i in range(rank + len(new)))
+    return TileSpec(inputs=(letters(rank), None), outputs=(spec_out,))
+
+
+@register("Unsqueeze", shape=_unsqueeze_shape, tile=_unsqueeze_tile, const_inputs=(1,))
+def Unsqueeze(data, axes):
+    """Insert size-1 axes at ``axes`` (positions in the output)."""
+    data = np.asarray(data)
+    return data.reshape(_unsqueeze_dims(data.shape, axes))
+
+
+# ---------------------------------------------------------------- Concat / Split
+
+
+def _concat_shape(inputs, consts, *, axis=None, **attrs):
+    ts = [t for t in inputs if t is not None]
+    if axis is None:
+        raise ModelError("Concat: attribute 'axis' is required")
+    if not ts:
+        raise ModelError("Concat: needs at least one input")
+    rank = ts[0].rank
+    ax = _axis(axis, rank, "Concat")
+    for t in ts:
+        other = t.shape[:ax] + t.shape[ax + 1 :]
+        if t.rank != rank or other != ts[0].shape[:ax] + ts[0].shape[ax + 1 :]:
+            raise ShapeError(f"Concat: shapes {[t.shape for t in ts]} differ off axis {ax}")
+    shape = list(ts[0].shape)
+    shape[ax] = sum(t.shape[ax] for t in ts)
+    return [TensorType(tuple(shape), ts[0].dtype)]
+
+
+def _concat_tile(ctx: TileContext) -> TileSpec:
+    rank = ctx.outputs[0].rank
+    ax = _axis(ctx.attrs["axis"], rank, "Concat")
+    names = letters(rank)
+    spec = names[:ax] + "." + names[ax + 1 :]
+    return TileSpec(inputs=tuple(spec for _ in ctx.inputs), outputs=(spec,))
+
+
+@register("Concat", shape=_concat_shape, tile=_concat_tile)
+def Concat(*inputs, axis=None):
+    """Join ``inputs`` along ``axis``."""
+    if axis is None:
+        raise ModelError("Concat: attribute 'axis' is required")
+    arrays = [np.asarray(x) for x in inputs]
+    return np.concatenate(arrays, axis=_axis(axis, arrays[0].ndim, "Concat"))
+
+
+def split_sizes(dim: int, split, num_outputs) -> list[int]:
+    """Output sizes of Split: the ``split`` input or ``num_outputs`` parts (last smaller)."""
+    if split is not None and num_outputs is not None:
+        raise ModelError("Split: give either the split input or num_outputs, not both")
+    if split is not None:
+        sizes = _ints(split)
+        if sum(sizes) != dim or min(sizes, default=0) < 0:
+            raise ShapeError(f"Split: sizes {sizes} do not add up to {dim}")
+        return sizes
+    if num_outputs is None or num_outputs < 1:
+        raise ModelError("Split: needs the split input or num_outputs >= 1")
+    chunk = -(-dim // num_outputs)
+    last = dim - chunk * (num_outputs - 1)
+    if last < 0:
+        raise ShapeError(f"Split: cannot split {dim} into {num_outputs} parts of {chunk}")
+    return [chunk] * (num_outputs - 1) + [last]
+
+
+def _split_shape(inputs, consts, *, axis=0, num_outputs=None, **attrs):
+    data = inputs[0]
+    ax = _axis(axis, data.rank, "Split")
+    split = consts[1] if len(consts) > 1 else None
+    out = []
+    for size in split_sizes(data.shape[ax], split, num_outputs):
+        shape = list(data.shape)
+        shape[ax] = size
+        out.append(TensorType(tuple(shape), data.dtype))
+    return out
+
+
+def _split_tile(ctx: TileContext) -> TileSpec:
+    rank = ctx.inputs[0].rank
+    ax = _axis(ctx.attrs.get("axis", 0), rank, "Split")
+    names = letters(rank)
+    spec = names[:ax] + "." + names[ax + 1 :]
+    extra = (None,) * (len(ctx.inputs) - 1)
+    return TileSpec(inputs=(spec, *extra), outputs=tuple(spec for _ in ctx.outputs))
+
+
+@register("Split", shape=_split_shape, tile=_split_tile, const_inputs=(1,))
+def Split(input, split=None, *, axis=0, num_outputs=None):
+    """Cut ``input`` along ``axis`` into the given sizes (or ``num_outputs`` parts)."""
+    input = np.asarray(input)
+    ax = _axis(axis, input.ndim, "Split")
+    sizes = split_sizes(input.shape[ax], split, num_outputs)
+    return tuple(np.split(input, np.cumsum(sizes)[:-1], axis=ax))
+
+
+# ---------------------------------------------------------------- Slice
+
+
+def slice_params(shape: tuple[int, ...], starts, ends, axes=None, steps=None) -> list[slice]:
+    """One python slice per axis with ONNX Slice clamping (negative steps included)."""
+    starts, ends = _ints(starts), _ints(ends)
+    n = len(starts)
+    axes = list(range(n)) if axes is None else _axes(axes, len(shape), "Slice")
+    steps = [1] * n if steps is None else _ints(steps)
+    if not len(ends) == len(axes) == len(steps) == n:
+        raise ModelError("Slice: starts, ends, axes and steps must have the same length")
+    out = [slice(None)] * len(shape)
+    for start, end, ax, step in zip(starts, ends, axes, steps, strict=True):
+        dim = shape[ax]
+        if step == 0:
+            raise ModelError("Slice: step 0")
+        start = start + dim if start < 0 else start
+        end = end + dim if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        else:
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+        # end == -1 with a negative step means "through index 0": python spells it None
+        out[ax] = slice(start, None if end < 0 else end, step)
+    return out
+
+
+def _slice_shape(inputs, consts, **attrs):
+    data = inputs[0]
+    sl = slice_params(data.shape, *consts[1:5])
+    shape = tuple(len(range(*s.indices(d))) for s, d in zip(sl, data.shape, strict=True))
+    return [TensorType(shape, data.dtype)]
+
+
+def _slice_tile(ctx: TileContext) -> TileSpec:
+    shape = ctx.inputs[0].shape
+    sl = slice_params(shape, *ctx.consts[1:5])
+    names = letters(len(shape))
+    # an axis the slice keeps whole stays whole on every tile (ends clamp to the tile)
+    whole = [s.indices(d) == (0, d, 1) for s, d in zip(sl, shape, strict=True)]
+    spec = "".join(ch if w else "." for ch, w in zip(names, whole, strict=True))
+    extra = (None,) * (len(ctx.inputs) - 1)
+    return TileSpec(inputs=(spec, *extra), outputs=(spec,))
+
+
+@register("Slice", shape=_slice_shape, tile=_slice_tile, const_inputs=(1, 2, 3, 4))
+def Slice(data, starts, ends, axes=None, steps=None):
+    """Take ``data[starts:ends:steps]`` on ``axes`` (ONNX clamping rules)."""
+    data = np.asarray(data)
+    return data[tuple(slice_params(data.shape, starts, ends, axes, steps))]
+
+
+# ---------------------------------------------------------------- Expand
+
+
+def _expand_dims(in_shape: tuple[int, ...], shape) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(tuple(in_shape), tuple(_ints(shape))))
+    except ValueError as e:
+        raise ShapeError(f"Expand: cannot broadcast {in_shape} to {_ints(shape)}") from e
+
+
+def _expand_shape(inputs, consts, **attrs):
+    data = inputs[0]
+    return [TensorType(_expand_dims(data.shape, consts[1]), data.dtype)]
+
+
+def _expand_tile(ctx: TileContext) -> TileSpec:
+    rank = ctx.outputs[0].rank
+    names = letters(rank)
+    r_in = ctx.inputs[0].rank
+    # input right-aligned; its size-1 axes are broadcast by the tiler
+    spec_in = names[rank - r_in :] if r_in else ""
+    return TileSpec(inputs=(spec_in, None), outputs=(names,), adjust=_set_shape_input)
+
+
+@register("Expand", shape=_expand_shape, tile=_expand_tile, const_inputs=(1,))
+def Expand(input, shape):
+    """Broadcast ``input`` against ``shape`` (either side may have 1s)."""
+    input = np.asarray(input)
+    return np.broadcast_to(input, _expand_dims(input.shape, shape)).copy()
+
+
+# ---------------------------------------------------------------- Gather
+
+
+def _gather_shape(inputs, consts, *, axis=0, **attrs):
+    data, idx = inputs[0], inputs[1]
+    ax = _axis(axis, data.rank, "Gather")
+    shape = data.shape[:ax] + idx.shape + data.shape[ax + 1 :]
+    return [TensorType(shape, data.dtype)]
+
+
+def _gather_tile(ctx: TileContext) -> TileSpec:
+    data, idx = ctx.inputs[0], ctx.inputs[1]
+    ax = _axis(ctx.attrs.get("axis", 0), data.rank, "Gather")
+    names, inames = letters(data.rank), letters(idx.rank, offset=data.rank)
+    spec_data = names[:ax] + "." + names[ax + 1 :]
+    return TileSpec(inputs=(spec_data, inames), outputs=(names[:ax] + inames + names[ax + 1 :],))
+
+
+@register("Gather", shape=_gather_shape, tile=_gather_tile)
+def Gather(data, indices, *, axis=0):
+    """Pick entries of ``data`` along ``axis`` at ``indices`` (negative counts from the end)."""
+    data, indices = np.asarray(data), np.asarray(indices)
+    ax = _axis(axis, data.ndim, "Gather")
+    n = data.shape[ax]
+    if indices.size and (indices.min() < -n or indices.max() >= n):
+        raise IndexError(f"Gather: index out of range [-{n}, {n}) on axis {ax}")
+    return np.asarray(np.take(data, indices.astype(np.int64, copy=False), axis=ax))

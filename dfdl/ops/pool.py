@@ -1,0 +1,292 @@
+"""Pooling: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (1-D/2-D/3-D).
+
+Window geometry follows the ONNX spec (and onnxruntime/PyTorch): window ``o`` along an
+axis starts at ``o * stride - pad_begin`` and takes ``kernel`` taps ``dilation`` apart;
+taps outside the input are skipped (max) or not counted (average, unless
+``count_include_pad``, which counts taps inside the explicit padding but never those of
+the ``ceil_mode`` overhang). In ``ceil_mode`` a last window starting in the right padding
+is dropped.
+
+Tiling: batch and channels are independent (``"ab.."``); spatial axes stay whole. When a
+MaxPool node asks for its ``Indices`` output nothing is split, because the indices are
+flat offsets into the whole input tensor.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
+from dfdl.ops.common import letters, whole_tile
+from dfdl.ops.cpu import pool as cpu_pool
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    """Resolved window geometry of one pooling node (one entry per spatial axis)."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    out: tuple[int, ...]
+
+
+def pool_geometry(
+    op: str,
+    spatial: tuple[int, ...],
+    kernel_shape,
+    strides=None,
+    pads=None,
+    auto_pad: str = "NOTSET",
+    dilations=None,
+    ceil_mode: int = 0,
+) -> PoolGeometry:
+    """Resolve kernel/strides/dilations/pads and the output spatial shape.
+
+    Raises:
+        ModelError: missing or malformed attributes.
+        ShapeError: the window does not fit the input (empty output).
+    """
+    nd = len(spatial)
+    if not kernel_shape or len(kernel_shape) != nd:
+        raise ModelError(f"{op}: kernel_shape {kernel_shape} must have {nd} values")
+    k = tuple(int(v) for v in kernel_shape)
+    s = tuple(int(v) for v in strides) if strides else (1,) * nd
+    d = tuple(int(v) for v in dilations) if dilations else (1,) * nd
+    if len(s) != nd or len(d) != nd or min(k + s + d) < 1:
+        raise ModelError(f"{op}: strides {s} / dilations {d} must be {nd} positive values")
+    if auto_pad not in _AUTO_PADS:
+        raise ModelError(f"{op}: unknown auto_pad {auto_pad!r}")
+    p = [int(v) for v in pads] if pads else [0] * (2 * nd)
+    if auto_pad == "NOTSET" and (len(p) != 2 * nd or min(p, default=0) < 0):
+        raise ModelError(f"{op}: pads {p} must be {2 * nd} non-negative values")
+    pb, pe, out = [], [], []
+    for i, L in enumerate(spatial):
+        ek = (k[i] - 1) * d[i] + 1  # dilated window extent
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-L // s[i])
+            total = max(0, (o - 1) * s[i] + ek - L)
+            # the odd pad goes to the end (SAME_UPPER) or the beginning (SAME_LOWER)
+            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            e = total - b
+        else:  # explicit pads; VALID means zero pads (ceil_mode still applies, as in onnx)
+            b, e = (p[i], p[nd + i]) if auto_pad == "NOTSET" else (0, 0)
+            num = L + b + e - ek
+            if ceil_mode:
+                o = -(-num // s[i]) + 1
+                if (o - 1) * s[i] >= L + b:  # last window would start in the right padding
+                    o -= 1
+            else:
+                o = num // s[i] + 1
+        pb.append(b)
+        pe.append(e)
+        out.append(o)
+    if min(out, default=1) < 1:
+        raise ShapeError(
+            f"{op}: kernel {k} (dilations {d}) does not fit input {tuple(spatial)} "
+            f"(output spatial shape {tuple(out)})",
+            given=tuple(spatial),
+        )
+    return PoolGeometry(k, s, d, tuple(pb), tuple(pe), tuple(out))
+
+
+def _tap_span(o_count: int, L: int, s: int, d: int, pb: int, t: int) -> tuple[int, int]:
+    """Outputs ``[lo, hi)`` whose tap ``t`` falls inside the input ``[0, L)``."""
+    off = t * d - pb  # input position of tap t for output 0
+    lo = max(0, -(off // s) if off < 0 else 0)
+    hi = min(o_count, (L - 1 - off) // s + 1) if L - 1 - off >= 0 else 0
+    return lo, max(lo, hi)
+
+
+def _taps(x_spatial, g: PoolGeometry):
+    """Yield ``(tap_index, out_slices, in_slices)`` for every kernel tap with any overlap."""
+    for flat, tap in enumerate(itertools.product(*(range(k) for k in g.kernel))):
+        out_sl, in_sl = [], []
+        for L, o, s, d, pb, t in zip(
+            x_spatial, g.out, g.strides, g.dilations, g.pads_begin, tap, strict=True
+        ):
+            lo, hi = _tap_span(o, L, s, d, pb, t)
+            if hi <= lo:
+                break
+            start = lo * s + t * d - pb
+            out_sl.append(slice(lo, hi))
+            in_sl.append(slice(start, start + (hi - lo - 1) * s + 1, s))
+        else:
+            yield flat, (Ellipsis, *out_sl), (Ellipsis, *in_sl)
+
+
+def _counts(x_spatial, g: PoolGeometry, include_pad: bool) -> np.ndarray:
+    """Divisor of each average window: product over axes of counted taps."""
+    total = np.ones((1,) * len(g.out))
+    for ax, (L, o, k, s, d, pb, pe) in enumerate(
+        zip(
+            x_spatial,
+            g.out,
+            g.kernel,
+            g.strides,
+            g.dilations,
+            g.pads_begin,
+            g.pads_end,
+            strict=True,
+        )
+    ):
+        pos = np.arange(o)[:, None] * s - pb + np.arange(k)[None, :] * d
+        ok = pos < L + pe if include_pad else (pos >= 0) & (pos < L)
+        shape = [1] * len(g.out)
+        shape[ax] = o
+        total = total * ok.sum(axis=1).reshape(shape)
+    return total
+
+
+def max_pool_numpy(X: np.ndarray, g: PoolGeometry, storage_order: int = 0):
+    """MaxPool values and flat argmax indices with plain numpy (any dtype)."""
+    N, C, *sp = X.shape
+    shape = (N, C, *g.out)
+    Y = np.zeros(shape, X.dtype)
+    tap = np.full(shape, -1, np.int64)
+    have = np.zeros(shape, bool)
+    for flat, out_sl, in_sl in _taps(sp, g):
+        v, cur, h = X[in_sl], Y[out_sl], have[out_sl]
+        upd = ~h | (v > cur)  # first valid tap wins ties, as in the spec's scan order
+        np.copyto(cur, v, where=upd)
+        tap[out_sl][upd] = flat
+        h[...] = True
+    # decode the winning tap into input coordinates, then into flat tensor offsets
+    t = np.unravel_index(np.maximum(tap, 0), g.kernel)
+    coords = []
+    for ax in range(len(sp)):
+        o = np.arange(g.out[ax]).reshape([-1 if i == ax else 1 for i in range(len(sp))])
+        coords.append(o * g.strides[ax] - g.pads_begin[ax] + t[ax] * g.dilations[ax])
+    order = "C" if storage_order == 0 else "F"
+    # windows without any valid tap get -1 below; clip keeps their dummy coords legal
+    spatial_flat = np.ravel_multi_index(coords, sp, mode="clip", order=order)
+    nc = np.arange(N * C).reshape((N, C) + (1,) * len(sp))
+    idx = nc * int(np.prod(sp, dtype=np.int64)) + spatial_flat
+    idx = np.where(have, idx, -1).astype(np.int64)
+    return Y, idx
+
+
+def avg_pool_numpy(X: np.ndarray, g: PoolGeometry, count_include_pad: int = 0) -> np.ndarray:
+    """AveragePool with plain numpy."""
+    N, C, *sp = X.shape
+    acc_dtype = np.float32 if X.dtype == np.float16 else X.dtype
+    acc = np.zeros((N, C, *g.out), acc_dtype)
+    for _, out_sl, in_sl in _taps(sp, g):
+        acc[out_sl] += X[in_sl]
+    div = _counts(sp, g, bool(count_include_pad)).astype(acc_dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (acc / div).astype(X.dtype, copy=False)
+
+
+def _check_x(op: str, X: TensorType | None, float_only: bool) -> None:
+    if X is None or X.rank < 3:
+        raise ShapeError(f"{op}: input must be (N, C, D1, ...), got {X and X.shape}")
+    if X.dtype.kind not in ("f" if float_only else "fiu"):
+        raise UnsupportedOpError(f"{op}: dtype {X.dtype} is not supported", op_type=op)
+
+
+def _max_pool_shape(inputs, consts, **attrs) -> list[TensorType]:
+    X = inputs[0]
+    _check_x("MaxPool", X, float_only=False)
+    g = _geometry_from_attrs("MaxPool", X.shape, attrs)
+    shape = X.shape[:2] + g.out
+    return [TensorType(shape, X.dtype), TensorType(shape, np.int64)]
+
+
+def _avg_pool_shape(inputs, consts, **attrs) -> list[TensorType]:
+    X = inputs[0]
+    _check_x("AveragePool", X, float_only=True)
+    g = _geometry_from_attrs("AveragePool", X.shape, attrs)
+    return [TensorType(X.shape[:2] + g.out, X.dtype)]
+
+
+def _global_shape(op: str):
+    def rule(inputs, consts, **attrs) -> list[TensorType]:
+        X = inputs[0]
+        _check_x(op, X, float_only=True)
+        return [TensorType(X.shape[:2] + (1,) * (X.rank - 2), X.dtype)]
+
+    return rule
+
+
+def _geometry_from_attrs(op: str, shape, attrs) -> PoolGeometry:
+    if attrs.get("storage_order", 0) not in (0, 1):
+        raise ModelError(f"{op}: storage_order must be 0 or 1")
+    return pool_geometry(
+        op,
+        tuple(shape[2:]),
+        attrs.get("kernel_shape"),
+        attrs.get("strides"),
+        attrs.get("pads"),
+        attrs.get("auto_pad", "NOTSET"),
+        attrs.get("dilations"),
+        attrs.get("ceil_mode", 0),
+    )
+
+
+def pool_tile(ctx: TileContext) -> TileSpec:
+    """Batch and channels tiled, spatial whole; nothing split when Indices is requested."""
+    if len(ctx.outputs) > 1:
+        return whole_tile(ctx)
+    spec = letters(2) + "." * (ctx.inputs[0].rank - 2)
+    return TileSpec(inputs=(spec,), outputs=(spec,))
+
+
+@register("MaxPool", shape=_max_pool_shape, tile=pool_tile, kernels={"cpu": cpu_pool.MaxPool})
+def MaxPool(
+    X,
+    *,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    storage_order=0,
+    strides=None,
+):
+    """ONNX MaxPool; returns ``(Y, Indices)`` (flat offsets into X, int64)."""
+    g = pool_geometry(
+        "MaxPool", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return max_pool_numpy(X, g, storage_order)
+
+
+@register(
+    "AveragePool", shape=_avg_pool_shape, tile=pool_tile, kernels={"cpu": cpu_pool.AveragePool}
+)
+def AveragePool(
+    X,
+    *,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    count_include_pad=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """ONNX AveragePool."""
+    g = pool_geometry(
+        "AveragePool", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return avg_pool_numpy(X, g, count_include_pad)
+
+
+@register("GlobalAveragePool", shape=_global_shape("GlobalAveragePool"), tile=pool_tile)
+def GlobalAveragePool(X):
+    """Mean over all spatial axes (kept as size 1)."""
+    return np.mean(X, axis=tuple(range(2, X.ndim)), keepdims=True).astype(X.dtype, copy=False)
+
+
+@register("GlobalMaxPool", shape=_global_shape("GlobalMaxPool"), tile=pool_tile)
+def GlobalMaxPool(X):
+    """Max over all spatial axes (kept as size 1)."""
+    return np.max(X, axis=tuple(range(2, X.ndim)), keepdims=True)

@@ -1,0 +1,330 @@
+"""Resize (opset 19+ semantics): modes "nearest" and "linear" (N-linear, with antialias).
+
+Resizing is separable: each resized axis is interpolated on its own, in ``axes`` order,
+exactly like the ONNX reference. Linear interpolation runs in float64 and is rounded
+back to the input dtype (integers round half to even and saturate); nearest gathers
+values without arithmetic.
+
+Tiling: axes the op leaves untouched (scale 1, same length: typically batch and
+channels) are tiled, resized axes stay whole. With ``sizes`` given, a tile's ``sizes``
+is rewritten to the tile's own length on the tiled axes. ``tf_crop_and_resize`` is never
+split (its ``roi`` is relative to the whole axis).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dfdl.errors import ModelError, UnsupportedOpError
+from dfdl.ops.common import LETTERS, normalize_axis, whole_tile
+from dfdl.ops.cpu import resize as cpu_resize
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+
+_MODES = ("nearest", "linear")
+_CTMS = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+)
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+_POLICIES = ("stretch", "not_larger", "not_smaller")
+
+
+@dataclass(frozen=True)
+class ResizePlan:
+    """Per-axis scale and output length, the axes to process (in order) and the roi."""
+
+    scales: tuple[float, ...]
+    out: tuple[int, ...]
+    axes: tuple[int, ...]
+    roi: np.ndarray | None  # [start_0..start_r-1, end_0..end_r-1] over all axes, or None
+
+    def identity(self, axis: int, length: int) -> bool:
+        """True when ``axis`` is copied unchanged (the reference skips it too)."""
+        if not (math.isclose(self.scales[axis], 1.0) and self.out[axis] == length):
+            return False
+        if self.roi is None:
+            return True
+        r = len(self.out)
+        return math.isclose(float(self.roi[axis]), 0.0) and math.isclose(
+            float(self.roi[axis + r]), 1.0
+        )
+
+
+def _given(a) -> np.ndarray | None:
+    """An optional tensor input, None when absent or empty."""
+    return None if a is None or np.size(a) == 0 else np.asarray(a)
+
+
+def check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy):
+    """Raise for attribute values dfdl does not support (cubic) or ONNX does not define."""
+    if mode == "cubic":
+        raise UnsupportedOpError(
+            'Resize: mode "cubic" is not supported; dfdl supports modes "nearest" and "linear"',
+            op_type="Resize",
+        )
+    for name, value, allowed in (
+        ("mode", mode, _MODES),
+        ("coordinate_transformation_mode", coordinate_transformation_mode, _CTMS),
+        ("nearest_mode", nearest_mode, _NEAREST_MODES),
+        ("keep_aspect_ratio_policy", keep_aspect_ratio_policy, _POLICIES),
+    ):
+        if value not in allowed:
+            raise ModelError(f"Resize: {name}={value!r} is not one of {allowed}")
+
+
+def resize_plan(shape, roi, scales, sizes, axes=None, keep_aspect_ratio_policy="stretch", ctm=""):
+    """Resolve ``scales``/``sizes``/``axes``/``roi`` into a :class:`ResizePlan`.
+
+    Raises:
+        ModelError: both or neither of scales/sizes, or lengths that do not match.
+    """
+    r = len(shape)
+    scales, sizes = _given(scales), _given(sizes)
+    if (scales is None) == (sizes is None):
+        raise ModelError("Resize: exactly one of 'scales' and 'sizes' must be given")
+    ax = [normalize_axis(int(a), r) for a in axes] if axes else list(range(r))
+    if len(set(ax)) != len(ax) or not all(0 <= a < r for a in ax):
+        raise ModelError(f"Resize: bad axes {axes} for rank {r}")
+    given = scales if scales is not None else sizes
+    if given.shape != (len(ax),):
+        raise ModelError(f"Resize: scales/sizes must have {len(ax)} values, got {given.shape}")
+    full_roi = None
+    roi = _given(roi)
+    if ctm == "tf_crop_and_resize":
+        if roi is None or roi.shape != (2 * len(ax),):
+            raise ModelError(f"Resize: roi must have {2 * len(ax)} values for tf_crop_and_resize")
+        full_roi = np.array([0.0] * r + [1.0] * r, roi.dtype)
+        for i, a in enumerate(ax):
+            full_roi[a], full_roi[r + a] = roi[i], roi[len(ax) + i]
+    sc = [1.0] * r
+    out = list(shape)
+    if scales is not None:
+        if np.any(scales <= 0):
+            raise ModelError(f"Resize: scales must be positive, got {scales.tolist()}")
+        for i, a in enumerate(ax):
+            sc[a] = float(scales[i])
+            out[a] = int(np.float64(sc[a]) * shape[a])  # floor(length * scale), as the reference
+    else:
+        if np.any(sizes < 0):
+            raise ModelError(f"Resize: sizes must be non-negative, got {sizes.tolist()}")
+        for i, a in enumerate(ax):
+            out[a] = int(sizes[i])
+            sc[a] = out[a] / shape[a]
+        if keep_aspect_ratio_policy != "stretch":
+            pick = min if keep_aspect_ratio_policy == "not_larger" else max
+            s = pick(sc[a] for a in ax)
+            for a in ax:
+                sc[a] = s
+                out[a] = int(s * shape[a] + 0.5)  # round half up
+    return ResizePlan(tuple(sc), tuple(out), tuple(ax), full_roi)
+
+
+def _source_coords(ctm: str, n_out: int, L: int, scale: float, roi_pair) -> np.ndarray:
+    """Input coordinate of every output position along one axis (float64)."""
+    y = np.arange(n_out, dtype=np.float64)
+    out_w = scale * L  # the (fractional) target length
+    if ctm == "align_corners":
+        return np.zeros(n_out) if out_w == 1 else y * (L - 1) / (out_w - 1)
+    if ctm == "asymmetric":
+        return y / scale
+    if ctm == "pytorch_half_pixel":
+        return np.full(n_out, -0.5) if out_w == 1 else (y + 0.5) / scale - 0.5
+    if ctm == "half_pixel":
+        return (y + 0.5) / scale - 0.5
+    if ctm == "half_pixel_symmetric":
+        # centres the sampled region when the integer length differs from scale * L
+        offset = L / 2 * (1 - n_out / out_w)
+        return offset + (y + 0.5) / scale - 0.5
+    start, end = roi_pair  # tf_crop_and_resize
+    if out_w == 1:
+        x = np.full(n_out, (end - start) * (L - 1) / 2)
+    else:
+        x = y * (end - start) * (L - 1) / (out_w - 1)
+    return x + start * (L - 1)
+
+
+def _nearest_index(x: np.ndarray, nearest_mode: str, L: int) -> np.ndarray:
+    xi = np.floor(x)
+    frac = x - xi
+    if nearest_mode == "round_prefer_floor":
+        up = frac > 0.5
+    elif nearest_mode == "round_prefer_ceil":
+        up = frac >= 0.5
+    elif nearest_mode == "floor":
+        up = np.zeros(x.shape, bool)
+    else:
+        up = frac > 0
+    return np.clip(xi + up, 0, L - 1).astype(np.intp)
+
+
+def _linear_taps(x: np.ndarray, scale: float, L: int, antialias: int, exclude_outside: int):
+    """Indices ``(n_out, n)`` and weights of the (possibly widened) triangle filter."""
+    s = min(scale, 1.0) if antialias else 1.0  # antialias widens the filter by 1/scale
+    start = int(np.floor(-1 / s) + 1)
+    n = 2 - 2 * start
+    xi = np.floor(x)
+    integer = x == xi
+    # the reference samples [x-1, x] at integer x (weight 1 on x), [floor, floor+1] otherwise
+    base = np.where(integer, x - 1, xi).astype(np.int64)
+    ratio = np.where(integer, 1.0, x - xi)
+    j = np.arange(start, start + n)
+    if antialias:
+        w = np.clip(1 - np.abs((j[None, :] - ratio[:, None]) * s), 0, 1)
+        w = w / w.sum(axis=1, keepdims=True)
+    else:
+        w = np.stack([1 - ratio, ratio], axis=1)
+    idx = base[:, None] + j[None, :]
+    if exclude_outside:
+        w = np.where((idx < 0) | (idx >= L), 0.0, w)
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)
+    return np.clip(idx, 0, L - 1).astype(np.intp), w
+
+
+def axis_sampling(
+    plan: ResizePlan,
+    axis: int,
+    L: int,
+    *,
+    mode: str,
+    ctm: str,
+    nearest_mode: str,
+    antialias: int,
+    exclude_outside: int,
+):
+    """How one resized axis samples its input.
+
+    Returns:
+        ``(idx, w, outside)``: source indices ``(n_out, n)``, their weights (None for
+        nearest: one tap, copied) and, for tf_crop_and_resize, the output positions that
+        take ``extrapolation_value`` (else None).
+    """
+    roi_pair = None
+    if plan.roi is not None:
+        roi_pair = (plan.roi[axis], plan.roi[axis + len(plan.out)])
+    x = _source_coords(ctm, plan.out[axis], L, plan.scales[axis], roi_pair)
+    outside = (x < 0) | (x > L - 1) if ctm == "tf_crop_and_resize" else None
+    if mode == "nearest":
+        return _nearest_index(x, nearest_mode, L)[:, None], None, outside
+    idx, w = _linear_taps(x, plan.scales[axis], L, antialias, exclude_outside)
+    return idx, w, outside
+
+
+def _saturate(value, dtype: np.dtype):
+    """Round and clip float64 values into an integer dtype (floats just cast)."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return np.clip(np.round(value), info.min, info.max).astype(dtype)
+    return np.asarray(value).astype(dtype)
+
+
+def _resize_shape(inputs, consts, **attrs) -> list[TensorType]:
+    X = inputs[0]
+    plan = _plan_from_attrs(X.shape, consts, attrs)
+    if X.dtype.kind not in ("fiub" if attrs.get("mode", "nearest") == "nearest" else "fiu"):
+        raise UnsupportedOpError(f"Resize: dtype {X.dtype} is not supported", op_type="Resize")
+    return [TensorType(plan.out, X.dtype)]
+
+
+def _plan_from_attrs(shape, consts, attrs) -> ResizePlan:
+    ctm = attrs.get("coordinate_transformation_mode", "half_pixel")
+    policy = attrs.get("keep_aspect_ratio_policy", "stretch")
+    check_attrs(
+        attrs.get("mode", "nearest"), ctm, attrs.get("nearest_mode", "round_prefer_floor"), policy
+    )
+    consts = list(consts) + [None] * (4 - len(consts))
+    return resize_plan(shape, consts[1], consts[2], consts[3], attrs.get("axes"), policy, ctm)
+
+
+def _resize_tile(ctx: TileContext) -> TileSpec:
+    X = ctx.inputs[0]
+    attrs = ctx.attrs
+    if attrs.get("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
+        return whole_tile(ctx)
+    plan = _plan_from_attrs(X.shape, ctx.consts, attrs)
+    spec = "".join(LETTERS[a] if plan.identity(a, X.shape[a]) else "." for a in range(len(X.shape)))
+    inputs = (spec,) + tuple(None for _ in ctx.inputs[1:])
+    sizes_given = len(ctx.consts) > 3 and _given(ctx.consts[3]) is not None
+    tiled_axes = [a for a, ch in enumerate(spec) if ch != "."]
+
+    def adjust(attrs, consts, out_regions):
+        # a tiled axis is copied unchanged, so its requested size is the tile's length
+        region = out_regions[0]
+        sizes = np.array(consts[3], dtype=np.int64)
+        for i, a in enumerate(plan.axes):
+            if a in tiled_axes:
+                sizes[i] = region[a].stop - region[a].start
+        return attrs, {**consts, 3: sizes}
+
+    return TileSpec(
+        inputs=inputs,
+        outputs=(spec,),
+        adjust=adjust if sizes_given and tiled_axes else None,
+    )
+
+
+@register(
+    "Resize",
+    shape=_resize_shape,
+    tile=_resize_tile,
+    kernels={"cpu": cpu_resize.Resize},
+    const_inputs=(1, 2, 3),
+)
+def Resize(
+    X,
+    roi=None,
+    scales=None,
+    sizes=None,
+    *,
+    antialias=0,
+    axes=None,
+    coordinate_transformation_mode="half_pixel",
+    cubic_coeff_a=-0.75,
+    exclude_outside=0,
+    extrapolation_value=0.0,
+    keep_aspect_ratio_policy="stretch",
+    mode="nearest",
+    nearest_mode="round_prefer_floor",
+):
+    """ONNX Resize for modes "nearest" and "linear" (see the module docstring)."""
+    check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
+    plan = resize_plan(
+        X.shape, roi, scales, sizes, axes, keep_aspect_ratio_policy, coordinate_transformation_mode
+    )
+    y = X if mode == "nearest" else X.astype(np.float64)
+    fill = _saturate(extrapolation_value, X.dtype) if mode == "nearest" else extrapolation_value
+    for a in plan.axes:
+        if plan.identity(a, y.shape[a]):
+            continue
+        idx, w, outside = axis_sampling(
+            plan,
+            a,
+            y.shape[a],
+            mode=mode,
+            ctm=coordinate_transformation_mode,
+            nearest_mode=nearest_mode,
+            antialias=antialias,
+            exclude_outside=exclude_outside,
+        )
+        bshape = [1] * X.ndim
+        bshape[a] = plan.out[a]
+        if w is None:
+            y = np.take(y, idx[:, 0], axis=a)
+        else:
+            acc = None
+            for k in range(idx.shape[1]):
+                term = np.take(y, idx[:, k], axis=a) * w[:, k].reshape(bshape)
+                acc = term if acc is None else acc + term
+            y = acc
+        if outside is not None:
+            y = np.where(outside.reshape(bshape), fill, y)
+    if mode == "nearest":
+        return y.copy() if y is X else np.ascontiguousarray(y)
+    return _saturate(y, X.dtype)

@@ -1,0 +1,91 @@
+"""Functions that Dask tasks call: run one op on one tile, combine partial tiles.
+
+Task arguments are flat (``meta`` plus the input tiles), and ``meta`` says how to
+turn them into the op's inputs: take a tile as is, pick one output of a multi-output
+tile, slice a region out of a tile, or assemble a region from several tiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dfdl.errors import DfdlError
+
+
+class TileError(DfdlError, RuntimeError):
+    """A tile task failed on a worker; the message names the node, op and tile."""
+
+
+def _resolve(spec: tuple, args: tuple) -> Any:
+    kind = spec[0]
+    if kind == "none":
+        return None
+    if kind == "const":
+        return spec[1]
+    if kind == "value":
+        return args[spec[1]]
+    if kind == "pick":
+        return args[spec[1]][spec[2]]
+    if kind == "slice":
+        part = args[spec[1]]
+        if spec[2] is not None:
+            part = part[spec[2]]
+        return part[spec[3]]
+    if kind == "assemble":
+        _, shape, dtype, pieces = spec
+        out = np.empty(shape, dtype=dtype)
+        for k, pos, src, dst in pieces:
+            part = args[k] if pos is None else args[k][pos]
+            out[dst] = part[src]
+        return out
+    raise ValueError(f"unknown tile input kind {kind!r}")
+
+
+def run_tile(meta: tuple, *args: Any) -> Any:
+    """Run one op on one tile.
+
+    Args:
+        meta: ``(op, attrs, input_specs, out_shapes, label)`` where ``op`` is the
+            OpDef's kernel function, ``out_shapes`` the expected shape of each node
+            output slot (None for absent ones) and ``label`` names node and tile.
+        *args: the input tiles referenced by ``input_specs``.
+    """
+    fn, attrs, specs, shapes, label = meta
+    n_out = len(shapes)
+    inputs = [_resolve(s, args) for s in specs]
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    try:
+        out = fn(*inputs, **attrs)
+    except DfdlError:
+        raise
+    except Exception as e:
+        raise TileError(f"{label} failed: {type(e).__name__}: {e}") from None
+    if not isinstance(out, tuple):
+        out = (out,)
+    out = tuple(None if o is None else np.asarray(o) for o in out[:n_out])
+    out += (None,) * (n_out - len(out))
+    for i, (o, shape) in enumerate(zip(out, shapes)):
+        if shape is not None and (o is None or o.shape != shape):
+            got = None if o is None else o.shape
+            raise TileError(f"{label}: output {i} has shape {got}, the plan expects {shape}")
+    return out[0] if n_out == 1 else out
+
+
+def combine(how: str, *parts: np.ndarray) -> np.ndarray:
+    """Combine partial tiles of a contraction in the given (fixed) order."""
+    acc = parts[0].copy()
+    if how == "sum":
+        for p in parts[1:]:
+            acc += p
+    elif how == "max":
+        for p in parts[1:]:
+            np.maximum(acc, p, out=acc)
+    elif how == "min":
+        for p in parts[1:]:
+            np.minimum(acc, p, out=acc)
+    else:
+        raise ValueError(f"unknown combine {how!r}")
+    return acc

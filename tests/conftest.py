@@ -1,0 +1,33 @@
+"""Shared fixtures: one real LocalCluster (2 worker processes) for the whole session."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster, Client(cluster) as c:
+        yield c
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print how many ONNX backend node tests ran and passed, per tiling."""
+    for tiling in ("default", "uneven"):
+        counts = {"passed": 0, "failed": 0, "skipped": 0}
+        for outcome in counts:
+            for rep in terminalreporter.stats.get(outcome, []):
+                nodeid = getattr(rep, "nodeid", "")
+                if "test_backend_nodes.py" in nodeid and f"_{tiling}::" in nodeid:
+                    if rep.when == "call" or outcome == "skipped":
+                        counts[outcome] += 1
+        ran = counts["passed"] + counts["failed"]
+        if ran or counts["skipped"]:
+            terminalreporter.write_line(
+                f"ONNX node tests ({tiling} tiling): {ran} ran, {counts['passed']} passed, "
+                f"{counts['failed']} failed, {counts['skipped']} skipped"
+            )

@@ -1,0 +1,184 @@
+"""OpCases for the elementwise family (dfdl/ops/elementwise.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from tests.ops.case import OpCase, rand
+
+F32, F64 = np.float32, np.float64
+
+
+def _ints(*shape, dtype=np.int32, low=-9, high=10, seed=0, nonzero=False):
+    x = np.random.default_rng(seed + sum(shape)).integers(low, high, size=shape).astype(dtype)
+    if nonzero:
+        x[x == 0] = 3
+    return x
+
+
+def _bools(*shape, seed=0):
+    return np.random.default_rng(seed + 7 * len(shape)).random(shape) < 0.5
+
+
+def _scalar(v, dtype=F32):
+    return np.array(v, dtype=dtype)
+
+
+def _arith(op: str) -> list[OpCase]:
+    """Broadcasting and dtype cases shared by Add, Sub, Mul."""
+    return [
+        OpCase(op, [rand(5, 7), rand(5, 7, seed=1)], id="f32_same"),
+        OpCase(op, [rand(5, 1, 4), rand(7, 4, seed=1)], id="f32_bcast"),
+        OpCase(op, [rand(3, 5, 7, dtype=F64), _scalar(1.5, F64)], id="f64_scalar"),
+        OpCase(op, [_scalar(0.5), rand(5, 7)], id="scalar_first"),
+        OpCase(op, [_ints(5, 7), _ints(7, seed=1)], id="i32_bcast"),
+        OpCase(op, [_ints(3, 5, dtype=np.int64), _ints(3, 1, dtype=np.int64, seed=2)], id="i64"),
+        OpCase(
+            op,
+            [
+                _ints(5, 7, dtype=np.uint8, low=0, high=200),
+                _ints(5, 7, dtype=np.uint8, low=0, high=200, seed=3),
+            ],
+            id="u8_wrap",
+        ),
+    ]
+
+
+def _unary(op: str, low=-3.0, high=3.0, **kw) -> list[OpCase]:
+    """float32/float64 cases of a float unary op at 1-D, 2-D, 3-D and 0-d."""
+    return [
+        OpCase(op, [rand(5, 7, low=low, high=high)], id="f32_2d", **kw),
+        OpCase(op, [rand(3, 5, 7, dtype=F64, low=low, high=high)], id="f64_3d", **kw),
+        OpCase(op, [rand(11, low=low, high=high)], id="f32_1d", **kw),
+        OpCase(op, [_scalar((low + high) / 2 + 0.25)], id="f32_0d", **kw),
+    ]
+
+
+def _compare(op: str) -> list[OpCase]:
+    a = rand(5, 7).round(0)
+    return [
+        OpCase(op, [a, rand(5, 7, seed=1).round(0)], id="f32_same"),
+        OpCase(op, [rand(5, 1, 4).round(0), rand(7, 4, seed=1).round(0)], id="f32_bcast"),
+        OpCase(op, [_ints(5, 7, dtype=np.int64), _ints(7, dtype=np.int64, seed=1)], id="i64"),
+        OpCase(op, [_ints(3, 5, 7), _scalar(2, np.int32)], id="i32_scalar"),
+        OpCase(op, [rand(3, 5, dtype=F64).round(1), rand(3, 1, dtype=F64).round(1)], id="f64"),
+    ]
+
+
+CASES = [
+    *_arith("Add"),
+    *_arith("Sub"),
+    *_arith("Mul"),
+    # Div: C-style truncation for integers, float broadcast, division by zero
+    OpCase("Div", [rand(5, 7), rand(5, 7, seed=1, low=0.5, high=3.0)], id="f32_same"),
+    OpCase("Div", [rand(5, 1, 4, dtype=F64), rand(7, 4, dtype=F64, low=1, high=2)], id="f64_bcast"),
+    OpCase("Div", [rand(5, 7), _scalar(0.0)], id="f32_by_zero"),
+    OpCase("Div", [_ints(5, 7), _ints(7, seed=1, nonzero=True)], id="i32_trunc"),
+    OpCase(
+        "Div",
+        [
+            _ints(3, 5, dtype=np.int64, low=-100, high=100),
+            _ints(3, 5, dtype=np.int64, low=-7, high=8, nonzero=True),
+        ],
+        id="i64_trunc",
+    ),
+    OpCase(
+        "Div",
+        [_ints(5, 7, dtype=np.uint8, low=0, high=250), _ints(5, 7, dtype=np.uint8, low=1, high=9)],
+        id="u8",
+    ),
+    # Pow: output dtype = base dtype whatever the exponent's dtype
+    OpCase("Pow", [rand(5, 7, low=0.1, high=3), rand(5, 7, seed=1)], id="f32"),
+    OpCase("Pow", [rand(5, 1, 4, low=0.1, high=3), rand(7, 4, seed=1)], id="f32_bcast"),
+    OpCase("Pow", [rand(5, 7), _scalar(2.0)], id="f32_square"),
+    OpCase("Pow", [rand(5, 7, dtype=F64), _ints(7, dtype=np.int64, low=0, high=4)], id="f64_i64"),
+    OpCase("Pow", [rand(3, 5), _ints(3, 5, low=-2, high=4)], id="f32_i32"),
+    OpCase(
+        "Pow",
+        [_ints(5, 7, dtype=np.int64), _ints(5, 7, dtype=np.int64, low=0, high=4)],
+        id="i64_i64",
+    ),
+    OpCase("Pow", [_ints(5, 7), rand(5, 7, low=0, high=3)], id="i32_f32"),
+    OpCase(
+        "Pow",
+        [
+            _ints(3, 4, dtype=np.int64, low=-3, high=4, nonzero=True),
+            _ints(4, dtype=np.int64, low=-2, high=0),
+        ],
+        id="i64_negexp",
+        reference=lambda x, y: [np.trunc(x.astype(F64) ** y).astype(x.dtype)],
+    ),
+    # unary math
+    *_unary("Sqrt", low=0.0, high=9.0),
+    *_unary("Reciprocal", low=0.5, high=4.0),
+    *_unary("Exp"),
+    *_unary("Log", low=0.01, high=20.0),
+    *_unary("Tanh"),
+    *_unary("Erf"),
+    OpCase("Erf", [rand(5, 7, low=-6, high=6)], id="f32_wide"),
+    *_unary("Neg"),
+    OpCase("Neg", [_ints(5, 7)], id="i32"),
+    OpCase("Neg", [_ints(3, 5, 2, dtype=np.int64)], id="i64"),
+    *_unary("Abs"),
+    OpCase("Abs", [_ints(5, 7, dtype=np.int8)], id="i8"),
+    OpCase("Abs", [_ints(3, 5, dtype=np.int64)], id="i64"),
+    # activations
+    *_unary("Relu"),
+    OpCase("Relu", [_ints(5, 7)], id="i32"),
+    *_unary("LeakyRelu"),
+    OpCase("LeakyRelu", [rand(5, 7)], {"alpha": 0.2}, id="alpha"),
+    OpCase("LeakyRelu", [rand(3, 5, 7, dtype=F64)], {"alpha": 0.1}, id="alpha_f64"),
+    *_unary("Sigmoid"),
+    OpCase("Sigmoid", [rand(5, 7, low=-120, high=120)], id="f32_large"),
+    OpCase("Sigmoid", [rand(5, 7, dtype=F64, low=-800, high=800)], id="f64_large"),
+    *_unary("Gelu"),
+    OpCase("Gelu", [rand(5, 7, low=-5, high=5)], {"approximate": "tanh"}, id="tanh"),
+    OpCase("Gelu", [rand(3, 5, 7, dtype=F64)], {"approximate": "tanh"}, id="tanh_f64"),
+    OpCase("Gelu", [rand(3, 5, 7, dtype=F64)], {"approximate": "none"}, id="none_f64"),
+    # Clip: optional scalar bounds
+    OpCase("Clip", [rand(5, 7), _scalar(-0.5), _scalar(0.7)], id="both"),
+    OpCase("Clip", [rand(3, 5, 7), _scalar(-0.5)], id="min_only"),
+    OpCase("Clip", [rand(3, 5, 7), None, _scalar(0.7)], id="max_only"),
+    OpCase("Clip", [rand(5, 7)], id="no_bounds"),
+    OpCase("Clip", [rand(5, 7), _scalar(1.0), _scalar(-1.0)], id="min_gt_max"),
+    OpCase("Clip", [rand(5, 7, dtype=F64), _scalar(-1, F64), _scalar(1, F64)], id="f64"),
+    OpCase("Clip", [_ints(5, 7), _scalar(-3, np.int32), _scalar(4, np.int32)], id="i32"),
+    OpCase("Clip", [_ints(5, 7, dtype=np.int8), _scalar(-2, np.int8)], id="i8_min"),
+    OpCase("Clip", [rand(5, 7), _scalar(-0.5), _scalar(0.7)], consts=(1, 2), id="const_bounds"),
+    # Where
+    OpCase("Where", [_bools(5, 7), rand(5, 7), rand(5, 7, seed=1)], id="same"),
+    OpCase("Where", [_bools(5, 1, 4), rand(7, 4), _scalar(0.0)], id="bcast"),
+    OpCase(
+        "Where",
+        [_bools(7), _ints(3, 5, 7, dtype=np.int64), _ints(5, 1, dtype=np.int64, seed=1)],
+        id="i64",
+    ),
+    OpCase("Where", [_bools(3, 5), rand(3, 5, dtype=F64), rand(3, 5, dtype=F64)], id="f64"),
+    # comparisons
+    *_compare("Equal"),
+    OpCase("Equal", [_bools(5, 7), _bools(7, seed=1)], id="bool"),
+    *_compare("Less"),
+    *_compare("Greater"),
+    OpCase("Not", [_bools(5, 7)], id="2d"),
+    OpCase("Not", [_bools(3, 5, 7)], id="3d"),
+    # type changes
+    OpCase("Identity", [rand(5, 7)], id="f32"),
+    OpCase("Identity", [_ints(3, 5, 7, dtype=np.int64)], id="i64"),
+    OpCase("Identity", [_bools(5, 3)], id="bool"),
+    OpCase("Cast", [rand(5, 7, low=-9, high=9)], {"to": TensorProto.INT32}, id="f32_i32"),
+    OpCase("Cast", [rand(5, 7)], {"to": TensorProto.DOUBLE}, id="f32_f64"),
+    OpCase(
+        "Cast", [rand(3, 5, 7, dtype=F64)], {"to": TensorProto.FLOAT16}, id="f64_f16", rtol=1e-3
+    ),
+    OpCase("Cast", [_ints(5, 7, dtype=np.int64)], {"to": TensorProto.FLOAT}, id="i64_f32"),
+    OpCase("Cast", [rand(5, 7).round(0)], {"to": TensorProto.BOOL}, id="f32_bool"),
+    OpCase("Cast", [_bools(5, 7)], {"to": TensorProto.FLOAT}, id="bool_f32"),
+    OpCase("Cast", [_ints(5, 7, low=0, high=100)], {"to": TensorProto.UINT8}, id="i32_u8"),
+    OpCase("Cast", [rand(5, 7)], {"to": TensorProto.INT64, "saturate": 0}, id="saturate0"),
+    OpCase("Cast", [rand(5, 7)], {"to": TensorProto.FLOAT}, id="noop"),
+    OpCase("CastLike", [rand(5, 7, low=-9, high=9), _scalar(0, np.int64)], id="f32_i64"),
+    OpCase("CastLike", [rand(3, 5, 7, dtype=F64), rand(2)], id="f64_f32"),
+    OpCase("CastLike", [_ints(5, 7), _scalar(0.0, F64)], consts=(1,), id="i32_f64_const"),
+    OpCase("CastLike", [_bools(5, 7), rand(5, 7)], id="bool_f32"),
+]

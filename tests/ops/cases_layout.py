@@ -1,0 +1,165 @@
+"""OpCases for layout ops (dfdl/ops/layout.py): Reshape, Flatten, Transpose, Squeeze,
+Unsqueeze, Concat, Split, Slice, Expand, Gather."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.ops.case import OpCase, rand
+
+F64, I64 = np.float64, np.int64
+INT_MAX = np.iinfo(np.int64).max
+
+
+def _ints(*shape, dtype=I64, low=-9, high=10, seed=0):
+    return np.random.default_rng(seed + sum(shape)).integers(low, high, size=shape).astype(dtype)
+
+
+def _i(*v):
+    return np.array(v, dtype=I64)
+
+
+def _reshape() -> list[OpCase]:
+    x = rand(5, 7, 4)
+    R = "Reshape"
+    return [
+        OpCase(R, [x, _i(5, -1)], consts=(1,), id="merge_tail"),
+        OpCase(R, [x, _i(35, 4)], consts=(1,), id="merge_head"),
+        OpCase(R, [x, _i(0, 7, 2, 2)], consts=(1,), id="zero_copies"),
+        OpCase(R, [x, _i(5, 7, 2, 2)], {"allowzero": 1}, consts=(1,), id="allowzero_nonzero"),
+        OpCase(R, [x, _i(-1)], consts=(1,), id="flat"),
+        OpCase(R, [x, _i(4, 5, 7)], consts=(1,), id="no_common"),
+        OpCase(R, [x, _i(5, 1, 7, 4, 1)], consts=(1,), id="insert_ones"),
+        OpCase(R, [_ints(5, 7), _i(7, 5)], consts=(1,), id="i64"),
+        OpCase(R, [rand(5, 6, 7, dtype=F64), _i(5, 2, 3, 7)], consts=(1,), id="split_mid"),
+        OpCase(R, [x, _i(0, 1, 0, -1)], consts=(1,), id="zero_and_infer"),
+    ]
+
+
+def _flatten() -> list[OpCase]:
+    x = rand(5, 7, 4)
+    cases = [OpCase("Flatten", [x], {"axis": a}, id=f"axis{a}") for a in (0, 1, 2, 3, -1, -2)]
+    return cases + [
+        OpCase("Flatten", [x], id="default"),
+        OpCase("Flatten", [rand(5, 1, 7)], {"axis": 2}, id="unit_mid"),
+        OpCase("Flatten", [_ints(5, 7, 2, 2)], {"axis": 1}, id="i64_4d"),
+        OpCase("Flatten", [rand(7)], {"axis": 1}, id="1d_axis1"),
+        OpCase("Flatten", [rand(7)], {"axis": 0}, id="1d_axis0"),
+    ]
+
+
+def _transpose() -> list[OpCase]:
+    T = "Transpose"
+    return [
+        OpCase(T, [rand(5, 7, 4)], id="default"),
+        OpCase(T, [rand(5, 7, 4)], {"perm": [0, 2, 1]}, id="021"),
+        OpCase(T, [rand(5, 7, 4)], {"perm": [2, 0, 1]}, id="201"),
+        OpCase(T, [rand(5, 7, 3, 2, dtype=F64)], {"perm": [0, 2, 3, 1]}, id="nchw_nhwc"),
+        OpCase(T, [_ints(5, 7)], {"perm": [1, 0]}, id="i64_2d"),
+        OpCase(T, [rand(5, 7)], {"perm": [0, 1]}, id="identity"),
+    ]
+
+
+def _squeeze() -> list[OpCase]:
+    x = rand(5, 1, 7, 1)
+    S, U = "Squeeze", "Unsqueeze"
+    return [
+        OpCase(S, [x, _i(1)], consts=(1,), id="axis1"),
+        OpCase(S, [x, _i(-1, 1)], consts=(1,), id="neg_axes"),
+        OpCase(S, [x], id="all_ones"),
+        OpCase(S, [_ints(1, 5, 7), _i(0)], consts=(1,), id="i64_lead"),
+        OpCase(S, [rand(1, 1)], id="to_scalar"),
+        OpCase(U, [rand(5, 7), _i(0)], consts=(1,), id="axis0"),
+        OpCase(U, [rand(5, 7), _i(1)], consts=(1,), id="axis1"),
+        OpCase(U, [rand(5, 7), _i(-1)], consts=(1,), id="neg"),
+        OpCase(U, [rand(5, 7), _i(0, 3)], consts=(1,), id="two"),
+        OpCase(U, [rand(5, 7), _i(3, 0, 2)], consts=(1,), id="unsorted"),
+        OpCase(U, [_ints(5, 7), _i(1, -1)], consts=(1,), id="i64"),
+        OpCase(U, [np.array(2.5, np.float32), _i(0)], consts=(1,), id="scalar"),
+    ]
+
+
+def _concat() -> list[OpCase]:
+    C = "Concat"
+    a, b, c = rand(5, 3, 4), rand(5, 7, 4, seed=1), rand(5, 1, 4, seed=2)
+    return [
+        OpCase(C, [a, b, c], {"axis": 1}, id="axis1_three"),
+        OpCase(C, [a, b, c], {"axis": -2}, id="neg_axis"),
+        OpCase(C, [rand(5, 7), rand(2, 7, seed=1)], {"axis": 0}, id="batch"),
+        OpCase(C, [rand(5, 7), rand(5, 2, seed=1)], {"axis": -1}, id="last"),
+        OpCase(C, [_ints(5, 7), _ints(5, 3, seed=1)], {"axis": 1}, id="i64"),
+        OpCase(C, [rand(5, 7)], {"axis": 0}, id="single"),
+        OpCase(C, [_i(5, 7), _i(-1), _i(3)], {"axis": 0}, id="shape_vectors"),
+    ]
+
+
+def _split() -> list[OpCase]:
+    S = "Split"
+    x = rand(5, 7, 4)
+    return [
+        OpCase(S, [x], {"axis": 1, "num_outputs": 3}, n_outputs=3, id="num3_uneven"),
+        OpCase(S, [x, _i(2, 5)], {"axis": 1}, n_outputs=2, consts=(1,), id="sizes"),
+        OpCase(S, [x, _i(1, 4)], n_outputs=2, consts=(1,), id="axis0_sizes"),
+        OpCase(S, [x], {"axis": -1, "num_outputs": 2}, n_outputs=2, id="neg_even"),
+        OpCase(S, [x, _i(3, 1, 3)], {"axis": -2}, n_outputs=3, consts=(1,), id="three"),
+        OpCase(S, [_ints(5, 7)], {"axis": 1, "num_outputs": 2}, n_outputs=2, id="i64"),
+        OpCase(S, [rand(10, dtype=F64)], {"num_outputs": 4}, n_outputs=4, id="1d_f64"),
+    ]
+
+
+def _slice() -> list[OpCase]:
+    S = "Slice"
+    x = rand(5, 7, 4)
+    return [
+        OpCase(S, [x, _i(1), _i(4), _i(1)], consts=(1, 2, 3), id="axis1"),
+        OpCase(S, [x, _i(-3), _i(-1), _i(1)], consts=(1, 2, 3), id="neg_bounds"),
+        OpCase(S, [x, _i(-1), _i(-INT_MAX), _i(1), _i(-1)], consts=(1, 2, 3, 4), id="reverse"),
+        OpCase(S, [x, _i(5), _i(0), _i(1), _i(-2)], consts=(1, 2, 3, 4), id="neg_step2"),
+        OpCase(S, [x, _i(1, 0), _i(INT_MAX, 3), _i(0, 2)], consts=(1, 2, 3), id="int_max"),
+        OpCase(S, [x, _i(0, 1), _i(3, 6)], consts=(1, 2), id="default_axes"),
+        OpCase(S, [x, _i(0, 1), _i(2, 7), None, _i(1, 3)], consts=(1, 2, 4), id="no_axes_steps"),
+        OpCase(S, [x, _i(-10), _i(100), _i(-1)], consts=(1, 2, 3), id="clamp_whole"),
+        OpCase(S, [x, _i(10), _i(100), _i(1)], consts=(1, 2, 3), id="empty"),
+        OpCase(S, [x, _i(1, 0), _i(6, 5), _i(-2, 0), _i(2, 2)], consts=(1, 2, 3, 4), id="two"),
+        OpCase(S, [_ints(5, 7), _i(2), _i(5), _i(-1)], consts=(1, 2, 3), id="i64"),
+        OpCase(S, [x, _i(0), _i(INT_MAX), _i(1)], consts=(1, 2, 3), id="full_axis"),
+    ]
+
+
+def _expand() -> list[OpCase]:
+    E = "Expand"
+    return [
+        OpCase(E, [rand(7, 1), _i(5, 7, 4)], consts=(1,), id="add_lead"),
+        OpCase(E, [rand(5, 1, 4), _i(7, 1)], consts=(1,), id="shape_ones"),
+        OpCase(E, [rand(1, 4), _i(5, 1)], consts=(1,), id="bidirectional"),
+        OpCase(E, [rand(5, 7), _i(5, 7)], consts=(1,), id="same"),
+        OpCase(E, [np.array(1.5, np.float32), _i(5, 7)], consts=(1,), id="scalar"),
+        OpCase(E, [_ints(7), _i(5, 1, 7)], consts=(1,), id="i64"),
+    ]
+
+
+def _gather() -> list[OpCase]:
+    G = "Gather"
+    idx = np.array([[0, -1, 3], [6, -7, 2], [1, 1, 5], [4, -2, 0], [3, 3, 3]], dtype=I64)
+    return [
+        OpCase(G, [rand(7, 4), idx], id="embedding"),
+        OpCase(G, [rand(5, 7, 4), np.array([6, 0, -3], np.int32)], {"axis": 1}, id="axis1_i32"),
+        OpCase(G, [rand(5, 7, 4), np.array(-2, I64)], {"axis": 1}, id="scalar_index"),
+        OpCase(G, [rand(5, 7, 4, dtype=F64), idx[:, :2] % 4], {"axis": -1}, id="last_2d_idx"),
+        OpCase(G, [_i(5, 7, 4), _i(0, 2)], id="shape_gather"),
+        OpCase(G, [_i(5, 7, 4), np.array(1, I64)], id="shape_scalar"),
+        OpCase(G, [_ints(5, 7), np.array(3, I64)], id="i64_scalar_axis0"),
+    ]
+
+
+CASES = [
+    *_reshape(),
+    *_flatten(),
+    *_transpose(),
+    *_squeeze(),
+    *_concat(),
+    *_split(),
+    *_slice(),
+    *_expand(),
+    *_gather(),
+]

@@ -1,0 +1,98 @@
+"""OpCases for Gemm and MatMul (M, K, N of sizes >= 3 so that tiling is uneven)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.ops.case import OpCase, rand
+
+M, K, N = 5, 7, 6
+
+
+def _gemm_cases() -> list[OpCase]:
+    cases = []
+    for ta in (0, 1):
+        for tb in (0, 1):
+            a = rand(*((K, M) if ta else (M, K)), seed=1)
+            b = rand(*((N, K) if tb else (K, N)), seed=2)
+            c = rand(M, N, seed=3)
+            attrs = {"transA": ta, "transB": tb, "alpha": 0.5, "beta": 2.0}
+            cases.append(OpCase("Gemm", [a, b, c], attrs, id=f"trans{ta}{tb}"))
+    a, b = rand(M, K, seed=4), rand(K, N, seed=5)
+    for name, c in [
+        ("c_scalar", np.array(1.5, np.float32)),
+        ("c_one", rand(1, seed=6)),
+        ("c_row", rand(N, seed=7)),
+        ("c_row2d", rand(1, N, seed=8)),
+        ("c_col", rand(M, 1, seed=9)),
+        ("c_full", rand(M, N, seed=10)),
+    ]:
+        cases.append(OpCase("Gemm", [a, b, c], {"beta": 0.25}, id=name))
+    cases += [
+        OpCase("Gemm", [a, b], id="no_c"),
+        OpCase("Gemm", [a, b, None], {"alpha": 3.0}, id="c_absent"),
+        OpCase("Gemm", [a, b, rand(M, N, seed=11)], {"beta": 0.0}, id="beta0"),
+        OpCase(
+            "Gemm",
+            [rand(K, M, dtype=np.float64), rand(N, K, dtype=np.float64), rand(N, dtype=np.float64)],
+            {"transA": 1, "transB": 1, "alpha": -1.25},
+            id="f64",
+        ),
+        OpCase(
+            "Gemm",
+            [
+                np.arange(M * K, dtype=np.int32).reshape(M, K) % 5 - 2,
+                np.arange(K * N, dtype=np.int32).reshape(K, N) % 7 - 3,
+                np.arange(N, dtype=np.int32),
+            ],
+            id="int32",
+        ),
+        OpCase("Gemm", [a, b, rand(M, N, seed=12)], consts=(1, 2), id="const_weights"),
+    ]
+    return cases
+
+
+def _matmul_cases() -> list[OpCase]:
+    pairs = [
+        ("2d", (M, K), (K, N)),
+        ("1d_2d", (K,), (K, N)),
+        ("2d_1d", (M, K), (K,)),
+        ("1d_1d", (K,), (K,)),
+        ("1d_3d", (K,), (3, K, N)),
+        ("3d_1d", (3, M, K), (K,)),
+        ("3d", (3, M, K), (3, K, N)),
+        ("2d_3d", (M, K), (4, K, N)),
+        ("bcast", (5, 1, 3, 4), (7, 4, 6)),
+        ("bcast_both", (3, 1, M, K), (1, 4, K, N)),
+    ]
+    cases = [
+        OpCase("MatMul", [rand(*sa, seed=1), rand(*sb, seed=2)], id=name) for name, sa, sb in pairs
+    ]
+    cases += [
+        OpCase(
+            "MatMul",
+            [rand(3, M, K, dtype=np.float64), rand(K, N, dtype=np.float64)],
+            rtol=1e-10,
+            id="f64",
+        ),
+        OpCase(
+            "MatMul",
+            [
+                np.arange(3 * M * K, dtype=np.int64).reshape(3, M, K) % 9 - 4,
+                np.arange(K * N, dtype=np.int64).reshape(K, N) % 5 - 2,
+            ],
+            id="int64",
+        ),
+        OpCase(
+            "MatMul",
+            [rand(2, M, K, dtype=np.float16), rand(K, N, dtype=np.float16)],
+            rtol=1e-2,
+            atol=1e-2,
+            id="f16",
+        ),
+        OpCase("MatMul", [rand(5, 3, K), rand(K, N)], consts=(1,), id="const_weight"),
+    ]
+    return cases
+
+
+CASES = _gemm_cases() + _matmul_cases()
