@@ -7,13 +7,25 @@ Example:
 
 from __future__ import annotations
 
-from dfdl import errors
+from dfdl import errors, optim
 from dfdl.api import load, plan, run
 from dfdl.onnx_backend import DfdlBackend
+from dfdl.train import TrainResult, train, training_graph
 
 #: the ONNX backend (``onnx.backend.test.BackendTest(dfdl.backend, __name__)``)
 backend = DfdlBackend
 
 __version__ = "0.1.0"
 
-__all__ = ["backend", "errors", "load", "plan", "run", "__version__"]
+__all__ = [
+    "TrainResult",
+    "backend",
+    "errors",
+    "load",
+    "optim",
+    "plan",
+    "run",
+    "train",
+    "training_graph",
+    "__version__",
+]

@@ -121,8 +121,9 @@ def run(
         (2, 3)
     """
     graph = load(model)
+    types = feed_types(graph, inputs)  # ShapeError (not AttributeError) for a non-dict
     feeds = {k: np.asarray(v) for k, v in inputs.items()}
-    bound = bind(graph, feed_types(graph, feeds), values=feeds)
+    bound = bind(graph, types, values=feeds)
     cores = total_threads(client) if client is not None else default_workers()
     p = make_plan(bound, tiles, cores=cores)
     with connect(client) as c:

@@ -68,3 +68,19 @@ class ShapeError(DfdlError, ValueError):
 
 class PlanError(DfdlError, ValueError):
     """The requested tiling or cluster setup cannot be planned (bad ``tiles=``)."""
+
+
+class ConfigError(DfdlError, ValueError):
+    """A training setting is invalid: an unknown loss name, an optimizer or schedule
+    hyperparameter out of range (the message names the argument and its allowed range),
+    no trainable parameters, an unknown frozen name."""
+
+
+class DataError(DfdlError, ValueError):
+    """Training data do not fit the model: label values out of range, too few samples,
+    unreadable data files."""
+
+
+class TrainingError(DfdlError, RuntimeError):
+    """Training stopped: the loss became NaN or infinite (the step is named)."""
+

@@ -9,9 +9,12 @@ import pytest
 def client():
     from distributed import Client, LocalCluster
 
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-    ) as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 

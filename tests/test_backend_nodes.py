@@ -23,8 +23,9 @@ EXCLUDED = {
     # counter-based, tiling-invariant dropout mask deliberately does not reproduce
     r"^test_training_dropout(?!_zero_ratio)": "random mask from numpy's RNG",
     # element types dfdl's tiles do not carry (numpy-native types only)
-    r"(?i)float8|float4|e4m3|e5m2|e8m0|int4|int2|bfloat16":
-        "8-/4-/2-bit float/int and bfloat16 element types are not supported",
+    r"(?i)float8|float4|e4m3|e5m2|e8m0|int4|int2|bfloat16": (
+        "8-/4-/2-bit float/int and bfloat16 element types are not supported"
+    ),
     r"(?i)string": "string tensors are not supported",
     # Resize modes dfdl does not implement (nearest and linear are supported)
     r"^test_resize_.*cubic": "Resize mode 'cubic' is not supported (UnsupportedOpError)",

@@ -29,6 +29,9 @@ from dfdl.ops.registry import OpDef, TensorType
 
 #: constant folding stops at outputs this large (they stay ordinary tiled nodes)
 FOLD_LIMIT_BYTES = 64 * 2**20
+#: inputs of which only the static type is read (Shape's data, CastLike's target_type):
+#: they never make a node runtime-dependent, and their runtime values are never needed
+TYPE_ONLY_INPUTS = {"Shape": (0,), "Size": (0,), "CastLike": (1,)}
 
 
 def supported_ops() -> list[str]:
@@ -161,9 +164,11 @@ def bind(
         for name, t in zip(node.inputs, ins):
             if name and t is None:
                 raise ModelError(f"node {node.name!r}: input {name!r} is never produced")
+        type_only = TYPE_ONLY_INPUTS.get(node.op_type, ()) if not node.domain else ()
         if values:
             # runtime inputs that are shape parameters become plan-time constants
             need = set(range(len(node.inputs))) if op.fold_only else set(op.const_inputs)
+            need -= set(type_only)
             for idx in need:
                 name = node.inputs[idx] if idx < len(node.inputs) else ""
                 if name in values and name not in consts:
@@ -184,14 +189,19 @@ def bind(
         except DfdlError as e:
             if node.name not in str(e):
                 e.args = (f"node {node.name!r} ({node.op_type}): {e}",) + e.args[1:]
+            if isinstance(e, UnsupportedOpError):
+                e.node = e.node or node.name
+                e.op_type = e.op_type or node.op_type
             raise
         except Exception as e:
             raise ShapeError(
                 f"node {node.name!r} ({node.op_type}): inputs with shapes "
                 f"{[None if t is None else list(t.shape) for t in ins]} are invalid: {e}"
             ) from e
-        if len(outs) < len(node.present_outputs()) or len(outs) < len(node.outputs) and any(
-            node.outputs[len(outs) :]
+        if (
+            len(outs) < len(node.present_outputs())
+            or len(outs) < len(node.outputs)
+            and any(node.outputs[len(outs) :])
         ):
             raise UnsupportedOpError(
                 f"node {node.name!r} ({node.op_type}) asks for {len(node.outputs)} outputs; "
@@ -202,14 +212,10 @@ def bind(
         for name, t in zip(node.outputs, outs):
             if name:
                 g.types[name] = t
-        foldable = all(
-            (not i) or i in consts for i in node.inputs
-        ) or node.op_type in ("Shape", "Size")
+        foldable = all((not i) or i in consts or k in type_only for k, i in enumerate(node.inputs))
         small = sum(t.nbytes for t in outs) <= FOLD_LIMIT_BYTES
         if fold and foldable and (small or op.fold_only):
-            args = [
-                None if not i else consts.get(i, _ShapeOnly(g.types[i])) for i in node.inputs
-            ]
+            args = [None if not i else consts.get(i, _ShapeOnly(g.types[i])) for i in node.inputs]
             try:
                 vals = _as_tuple(op.forward(*args, **node.attrs))
             except Exception as e:

@@ -42,6 +42,8 @@ def canonicalize_node(node: Node, version: int, graph: Graph) -> list[Node]:
             name = f"{node.name}__axes"
             graph.initializers[name] = np.asarray(axes, dtype=np.int64)
             node.inputs = [node.inputs[0], name]
+        # the opset-18 form's attribute, at its default (what the older forms did)
+        node.attrs.setdefault("noop_with_empty_axes", 0)
     if node.op_type == "Split" and version < 18 and (len(node.inputs) < 2 or not node.inputs[1]):
         # Split-13 without `split`: as many equal parts as outputs (num_outputs at 18)
         node.attrs["num_outputs"] = len(node.outputs)

@@ -33,6 +33,9 @@ class Node:
     outputs: list[str]
     attrs: dict[str, Any] = field(default_factory=dict)
     domain: str = ""
+    #: training phase the node belongs to ("fwd", "loss", "bwd", "update"): the task keys'
+    #: second word, so the dashboard groups a node's forward and backward tasks apart
+    phase: str = "fwd"
 
     def present_outputs(self) -> list[str]:
         return [o for o in self.outputs if o]
@@ -49,7 +52,8 @@ class Graph:
         outputs: names of the graph's outputs.
         initializers: constant tensors (weights and folded constants) by name.
         types: static type of every value once shapes are bound.
-        declared: declared input types as (dims, dtype); dims may hold str for symbolic
+        declared: declared types of the graph's inputs (and of its outputs, where the
+            file gives them) as (dims, dtype); dims may hold str for symbolic
             dimensions ("batch") or None for unknown ones.
         opset: default-domain opset version the model was written for.
         producer: ONNX producer name, kept for export.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -77,10 +78,10 @@ class _TensorTiles:
 class _Builder:
     """Accumulates tasks; turns input regions into flat task arguments + specs."""
 
-    def __init__(self, plan: Plan, step: int, phase: str):
+    def __init__(self, plan: Plan, step: int, overrides: Mapping[str, Mapping[str, Any]]):
         self.plan = plan
         self.step = step
-        self.phase = phase
+        self.overrides = overrides
         self.dsk: dict = {}
         self.tiles: dict[str, _TensorTiles] = {}
 
@@ -94,9 +95,7 @@ class _Builder:
             ref, pos = tt.refs[idx]
             args.append(ref)
             k = len(args) - 1
-            full = all(
-                s.start == 0 and s.stop == tt.chunks[a][idx[a]] for a, s in enumerate(src)
-            )
+            full = all(s.start == 0 and s.stop == tt.chunks[a][idx[a]] for a, s in enumerate(src))
             if full:
                 return ("value", k) if pos is None else ("pick", k, pos)
             return ("slice", k, pos, src)
@@ -117,7 +116,7 @@ class _Builder:
         n_out = len(node.outputs)
         grid = np_.grid_letters()
         contracted = spec.contracted()
-        name = f"{node.name}-{self.phase}"
+        name = f"{node.name}-{node.phase}"
         lo = {c: offsets(ch) for c, ch in np_.letters.items()}
         refs: dict[str, dict] = {o: {} for o in outs}
         out_pos = {o: p for p, o in enumerate(node.outputs) if o}
@@ -133,9 +132,7 @@ class _Builder:
                     )
                 )
             partial_keys = []
-            combos = list(
-                itertools.product(*(range(len(np_.letters[c])) for c in contracted))
-            )
+            combos = list(itertools.product(*(range(len(np_.letters[c])) for c in contracted)))
             for ci, combo in enumerate(combos):
                 at.update(zip(contracted, combo))
                 args: list = []
@@ -160,10 +157,12 @@ class _Builder:
                             for ch, d in zip(s, t.shape)
                         )
                     specs.append(self.fetch(iname, region, args))
-                attrs = dict(node.attrs)
+                attrs = {**node.attrs, **self.overrides.get(node.name, {})}
                 if spec.adjust is not None:
                     attrs, consts = spec.adjust(attrs, dict(consts), out_regions)
-                specs = [("const", consts.get(i)) if sp is None else sp for i, sp in enumerate(specs)]
+                specs = [
+                    ("const", consts.get(i)) if sp is None else sp for i, sp in enumerate(specs)
+                ]
                 tile_idx = tuple(g)
                 label = f"node {node.name!r} ({node.op_type}) tile {tile_idx}"
                 shapes = tuple(
@@ -210,12 +209,20 @@ class _Builder:
         self.dsk[final] = Task(final, combine, how, *(TaskRef(k) for k in keys))
 
 
+@dataclass(frozen=True)
+class Picked:
+    """A source tile that is output ``pos`` of a multi-output task (a Future or TaskRef)."""
+
+    ref: Any
+    pos: int
+
+
 def lower(
     plan: Plan,
     sources: Mapping[str, Mapping[tuple[int, ...], Any]],
     *,
     step: int = 0,
-    phase: str = "fwd",
+    attrs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[dict, dict[str, dict[tuple[int, ...], tuple[Any, Any]]]]:
     """Build the task graph of one pass over the plan.
 
@@ -224,17 +231,25 @@ def lower(
         sources: for every graph input and non-constant-folded initializer that a node
             reads as tiles, ``{tile_index: object}`` where the object is a task argument
             (a ``TaskRef`` to a key of the submission, a ``Future``, or a numpy array),
-            chunked as ``plan.chunks[name]``.
+            chunked as ``plan.chunks[name]``; a :class:`Picked` selects one output of a
+            multi-output task.
         step: the training step (part of every key).
-        phase: "fwd", "bwd", "loss" or "update" (part of every key).
+        attrs: per node name, attributes that replace the node's for this pass (the
+            step's Dropout seed).
 
     Returns:
         ``(dsk, outputs)``: the task dict, and for each graph output the map from tile
         index to ``(key or value, output position or None)``.
     """
-    b = _Builder(plan, step, phase)
+    b = _Builder(plan, step, attrs or {})
     for name, tiles in sources.items():
-        b.tiles[name] = _TensorTiles(plan.chunks[name], {k: (v, None) for k, v in tiles.items()})
+        b.tiles[name] = _TensorTiles(
+            plan.chunks[name],
+            {
+                k: (v.ref, v.pos) if isinstance(v, Picked) else (v, None)
+                for k, v in tiles.items()
+            },
+        )
     for np_ in plan.nodes:
         b.add_node(np_)
     outputs = {}
@@ -249,4 +264,6 @@ def lower(
 
 def split_tiles(array: np.ndarray, chunks: Chunks) -> dict[tuple[int, ...], np.ndarray]:
     """Cut an array into tiles (copies, so a tile pickles without its parent)."""
-    return {idx: np.array(array[r], order="C", copy=True) for idx, r in tile_regions(chunks).items()}
+    return {
+        idx: np.array(array[r], order="C", copy=True) for idx, r in tile_regions(chunks).items()
+    }

@@ -65,7 +65,10 @@ def np_dtype(elem_type: int, what: str) -> np.dtype:
 
 
 def _check_external_locations(model: onnx.ModelProto, base: Path) -> None:
-    """Refuse external-data locations that could read outside the model's folder."""
+    """Refuse external-data locations that could read outside the model's folder.
+
+    Accepted locations are rewritten to the resolved file, relative to ``base.resolve()``.
+    """
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     root = base.resolve()
@@ -87,6 +90,12 @@ def _check_external_locations(model: onnx.ModelProto, base: Path) -> None:
                 bad = f"resolves to {target}, outside the model's folder {root}"
             elif not target.is_file():
                 bad = f"points to {target}, which does not exist"
+            else:
+                # read the resolved file: onnx's loader refuses every symlink, even one
+                # that stays inside the folder
+                for e in t.external_data:
+                    if e.key == "location":
+                        e.value = target.relative_to(root).as_posix()
         if bad:
             raise ModelError(
                 f"initializer {t.name!r}: external data location {loc!r} {bad}. "
@@ -134,7 +143,7 @@ def load_model(model: ModelLike) -> onnx.ModelProto:
         from onnx.external_data_helper import load_external_data_for_model
 
         try:
-            load_external_data_for_model(proto, str(path.parent))
+            load_external_data_for_model(proto, str(path.parent.resolve()))
         except Exception as e:  # onnx raises several types here
             raise ModelError(f"cannot load external data of {path}: {e}") from e
     else:
@@ -238,6 +247,10 @@ def to_ir(model: onnx.ModelProto) -> Graph:
         graph.inputs.append(vi.name)
         graph.declared[vi.name] = _declared(vi)
     graph.outputs = [o.name for o in g.output]
+    for vi in g.output:
+        # kept for export (from_ir): an unbound graph knows its outputs only from here
+        if vi.name not in graph.declared and vi.type.tensor_type.elem_type in _SUPPORTED_ELEM_TYPES:
+            graph.declared[vi.name] = _declared(vi)
     used = set()
     for i, n in enumerate(g.node):
         name = n.name or f"{n.op_type}_{i}"
@@ -301,11 +314,17 @@ def from_ir(graph: Graph, *, symbolic: bool = True) -> onnx.ModelProto:
     outputs = []
     for name in graph.outputs:
         t = graph.types.get(name)
-        outputs.append(
-            _value_info(name, [None] * t.rank if symbolic else t.shape, t.dtype)
-            if t is not None
-            else helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-        )
+        dims, dtype = graph.declared.get(name, (None, None))
+        if t is not None:
+            if not symbolic:
+                dims = t.shape
+            elif dims is None or len(dims) != t.rank:
+                dims = [None] * t.rank
+            dtype = t.dtype
+        if dtype is None:
+            outputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        else:
+            outputs.append(_value_info(name, dims, dtype))
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in graph.initializers.items()]
     g = helper.make_graph(nodes, graph.name, inputs, outputs, inits)
     opsets = [helper.make_opsetid("", max(graph.opset, 21))]

@@ -240,8 +240,7 @@ def _policy(tiles, graph: Graph, cores: int) -> _Policy:
         tiles = _auto_tiles(graph, cores)
     if not isinstance(tiles, Mapping):
         raise PlanError(
-            f"tiles must be None, 'uneven' or a dict like {{'batch': 4, 'model': 2}}, "
-            f"not {tiles!r}"
+            f"tiles must be None, 'uneven' or a dict like {{'batch': 4, 'model': 2}}, not {tiles!r}"
         )
     bad = [k for k in tiles if k not in ("batch", "model")]
     if bad:
@@ -302,9 +301,7 @@ def make_plan(graph: Graph, tiles=None, *, cores: int = 1) -> Plan:
                 )
         for name, s in present_outputs(node, spec):
             t = graph.types[name]
-            chunks[name] = tuple(
-                (d,) if ch == "." else letters[ch] for ch, d in zip(s, t.shape)
-            )
+            chunks[name] = tuple((d,) if ch == "." else letters[ch] for ch, d in zip(s, t.shape))
             for axis, ch in enumerate(s):
                 if ch != ".":
                     roles[(name, axis)] = letter_roles[ch]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dfdl.ops.registry import REGISTRY, OpDef, TensorType, TileContext, TileSpec, lookup, register
-
 # one module per family; each registers its ops on import
 from dfdl.ops import (  # noqa: E402,F401  (imported for registration)
     conv,
@@ -13,9 +11,11 @@ from dfdl.ops import (  # noqa: E402,F401  (imported for registration)
     linalg,
     loss,
     norm,
+    optim,
     pool,
     reduce,
     resize,
 )
+from dfdl.ops.registry import REGISTRY, OpDef, TensorType, TileContext, TileSpec, lookup, register
 
 __all__ = ["REGISTRY", "OpDef", "TensorType", "TileContext", "TileSpec", "lookup", "register"]

@@ -1,8 +1,16 @@
-"""Convolutions: Conv and ConvTranspose, 1-D/2-D/3-D (ONNX semantics, opset 22).
+"""Convolutions: Conv and ConvTranspose, 1-D/2-D/3-D (ONNX semantics, opset 22), their
+VJPs and the backward ops ``dfdl.ConvGradInput`` (a Conv's dX) and ``dfdl.ConvGradWeight``
+(a Conv's dW).
 
 The numpy forwards loop over kernel offsets and contract channels with einsum over a
-padded input (Conv) or scatter into a full-size output (ConvTranspose); they are the
-oracle for the numba im2col/col2im kernels in ``dfdl.ops.cpu.conv``.
+padded input (Conv, ConvGradWeight) or scatter into a full-size output (ConvTranspose,
+ConvGradInput); they are the oracle for the numba im2col/col2im kernels in
+``dfdl.ops.cpu.conv``.
+
+Gradients: a Conv's dX is the transposed convolution of dY with the same W
+(ConvGradInput), its dW correlates X with dY (ConvGradWeight, batch axis contracted) and
+dB sums dY over batch and space. A ConvTranspose's dX is a Conv of dY with its W, and its
+dW is a ConvGradWeight with the roles of X and dY swapped.
 """
 
 from __future__ import annotations
@@ -11,9 +19,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dfdl.errors import ShapeError, UnsupportedOpError
-from dfdl.ops.cpu.conv import conv_cpu, conv_transpose_cpu
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
+from dfdl.ops.cpu.conv import (
+    conv_cpu,
+    conv_grad_input_cpu,
+    conv_grad_weight_cpu,
+    conv_transpose_cpu,
+)
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
 _DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -318,3 +331,285 @@ def ConvTranspose(
     if B is not None:
         y += B.reshape((1, m) + (1,) * len(geo.out))
     return y.astype(X.dtype)
+
+
+# ------------------------------------------------------------------ backward ops
+# Both take the forward Conv's attributes verbatim plus the shape of the tensor they
+# produce (``input_shape`` / ``weight_shape``), which each tile rewrites to its own.
+
+
+def _shape_attr(op: str, name: str, value, rank: int) -> tuple[int, ...]:
+    if value is None:
+        raise ModelError(f"{op}: attribute {name} is required")
+    shape = tuple(int(v) for v in value)
+    if len(shape) != rank:
+        raise ShapeError(f"{op}: {name}={list(shape)} must have rank {rank}", name=name)
+    return shape
+
+
+def _check_grad_geometry(op, x_shape, w_shape, dy, group, attrs) -> None:
+    geo = conv_geometry(x_shape, w_shape, **attrs)
+    m = w_shape[0]
+    if group < 1 or x_shape[1] != w_shape[1] * group or m % group:
+        raise ShapeError(f"{op}: X {x_shape}, W {w_shape} do not fit group={group}")
+    want = (x_shape[0], m, *geo.out)
+    if dy.shape != want:
+        raise ShapeError(f"{op}: dY has shape {dy.shape}, expected {want}", name="dY")
+
+
+def _conv_grad_input_shape(inputs, consts, *, group=1, input_shape=None, **attrs):
+    dy, w = inputs[:2]
+    shape = _shape_attr("ConvGradInput", "input_shape", input_shape, dy.rank)
+    _check_types("ConvGradInput", dy, w, None, 0)
+    _check_grad_geometry("ConvGradInput", shape, w.shape, dy, group, attrs)
+    return [TensorType(shape, dy.dtype)]
+
+
+def _set_shape_attr(name: str):
+    """adjust(): the shape attribute becomes the tile's output shape."""
+
+    def adjust(attrs, consts, out_regions):
+        return {**attrs, name: [r.stop - r.start for r in out_regions[0]]}, consts
+
+    return adjust
+
+
+def _conv_grad_input_tile(ctx: TileContext) -> TileSpec:
+    dy = ctx.inputs[0]
+    sp = "." * (dy.rank - 2)
+    adjust = _set_shape_attr("input_shape")
+    if ctx.attrs.get("group", 1) == 1:
+        # output channels m of the forward are contracted: partial dX per m tile
+        return TileSpec(
+            inputs=("nm" + sp, "mc" + sp), outputs=("nc" + sp,), reduce={"m": "sum"}, adjust=adjust
+        )
+    return TileSpec(inputs=("n." + sp, ".." + sp), outputs=("n." + sp,), adjust=adjust)
+
+
+@register(
+    "ConvGradInput",
+    domain="dfdl",
+    shape=_conv_grad_input_shape,
+    tile=_conv_grad_input_tile,
+    kernels={"cpu": conv_grad_input_cpu},
+    differentiable=False,
+)
+def ConvGradInput(
+    dY,
+    W,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    input_shape=None,
+):
+    """Gradient of ``Conv(X, W)`` with respect to X (of shape ``input_shape``), given dY.
+
+    The Conv attributes are those of the forward node (auto_pad resolved against
+    ``input_shape``).
+    """
+    shape = tuple(int(v) for v in input_shape)
+    geo = conv_geometry(
+        shape,
+        W.shape,
+        auto_pad=auto_pad,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    n, c = shape[:2]
+    m = W.shape[0]
+    cg, mg = c // group, m // group
+    size = [x + b + e for x, b, e in zip(shape[2:], geo.pads_begin, geo.pads_end, strict=True)]
+    dtype, acc = dY.dtype, _acc_dtype(dY.dtype)
+    dY, W = dY.astype(acc, copy=False), W.astype(acc, copy=False)
+    dxp = np.zeros((n, c, *size), acc)
+    for off in np.ndindex(*geo.kernel):
+        # output position o read the padded input at o*s + off*d: scatter dY back there
+        sl = tuple(
+            slice(o * d, o * d + s * (n_out - 1) + 1, s)
+            for o, d, s, n_out in zip(off, geo.dilations, geo.strides, geo.out, strict=True)
+        )
+        for g in range(group):
+            w = W[(slice(g * mg, (g + 1) * mg), slice(None), *off)]
+            dxp[(slice(None), slice(g * cg, (g + 1) * cg), *sl)] += np.einsum(
+                "nm...,mc->nc...", dY[:, g * mg : (g + 1) * mg], w
+            )
+    return _window(dxp, geo.pads_begin, shape[2:]).astype(dtype)
+
+
+def _conv_grad_weight_shape(inputs, consts, *, group=1, weight_shape=None, **attrs):
+    x, dy = inputs[:2]
+    shape = _shape_attr("ConvGradWeight", "weight_shape", weight_shape, x.rank)
+    _check_types("ConvGradWeight", x, dy, None, 0)
+    _check_grad_geometry("ConvGradWeight", x.shape, shape, dy, group, attrs)
+    return [TensorType(shape, x.dtype)]
+
+
+def _conv_grad_weight_tile(ctx: TileContext) -> TileSpec:
+    x = ctx.inputs[0]
+    sp = "." * (x.rank - 2)
+    adjust = _set_shape_attr("weight_shape")
+    # the batch axis n is contracted: each batch tile gives a partial dW, summed by a tree
+    if ctx.attrs.get("group", 1) == 1:
+        return TileSpec(
+            inputs=("nc" + sp, "nm" + sp), outputs=("mc" + sp,), reduce={"n": "sum"}, adjust=adjust
+        )
+    return TileSpec(
+        inputs=("n." + sp, "n." + sp), outputs=(".." + sp,), reduce={"n": "sum"}, adjust=adjust
+    )
+
+
+@register(
+    "ConvGradWeight",
+    domain="dfdl",
+    shape=_conv_grad_weight_shape,
+    tile=_conv_grad_weight_tile,
+    kernels={"cpu": conv_grad_weight_cpu},
+    differentiable=False,
+)
+def ConvGradWeight(
+    X,
+    dY,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    weight_shape=None,
+):
+    """Gradient of ``Conv(X, W)`` with respect to W (of shape ``weight_shape``), given dY.
+
+    The Conv attributes are those of the forward node.
+    """
+    wshape = tuple(int(v) for v in weight_shape)
+    geo = conv_geometry(
+        X.shape,
+        wshape,
+        auto_pad=auto_pad,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    c, m = X.shape[1], wshape[0]
+    cg, mg = c // group, m // group
+    size = [x + b + e for x, b, e in zip(X.shape[2:], geo.pads_begin, geo.pads_end, strict=True)]
+    acc = _acc_dtype(X.dtype)
+    xp = _window(X.astype(acc, copy=False), [-b for b in geo.pads_begin], size)
+    dY = dY.astype(acc, copy=False)
+    dw = np.zeros(wshape, acc)
+    for off in np.ndindex(*geo.kernel):
+        sl = tuple(
+            slice(o * d, o * d + s * (n_out - 1) + 1, s)
+            for o, d, s, n_out in zip(off, geo.dilations, geo.strides, geo.out, strict=True)
+        )
+        xs = xp[(slice(None), slice(None), *sl)]
+        for g in range(group):
+            # sum over batch and output positions of dY[n, m, o] * X[n, c, o*s + off*d]
+            dw[(slice(g * mg, (g + 1) * mg), slice(None), *off)] = np.tensordot(
+                dY[:, g * mg : (g + 1) * mg],
+                xs[:, g * cg : (g + 1) * cg],
+                axes=([0, *range(2, dY.ndim)], [0, *range(2, dY.ndim)]),
+            )
+    return dw.astype(X.dtype)
+
+
+# ------------------------------------------------------------------------- VJPs
+
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def _bias_grad(b, dy: str) -> str:
+    """dB: dY summed over batch and spatial axes."""
+    axes = [0, *range(2, b.type(dy).rank)]
+    return b.op("ReduceSum", [dy, b.const(axes, np.int64, "axes")], {"keepdims": 0})
+
+
+@defvjp("Conv")
+def _conv_vjp(b, node, dys):
+    x, w = node.inputs[:2]
+    has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
+    dy = dys[0]
+    attrs = {k: node.attrs[k] for k in _CONV_ATTRS if node.attrs.get(k) is not None}
+    dx = b.op(
+        "ConvGradInput",
+        [dy, w],
+        {**attrs, "input_shape": list(b.type(x).shape)},
+        domain="dfdl",
+    )
+    dw = b.op(
+        "ConvGradWeight",
+        [x, dy],
+        {**attrs, "weight_shape": list(b.type(w).shape)},
+        domain="dfdl",
+    )
+    return [dx, dw, _bias_grad(b, dy) if has_bias else None]
+
+
+def _transpose_adjoint(n_in, n_out, k, s, d, pb) -> tuple[tuple[int, int], tuple[int, int]]:
+    """For one spatial axis of a ConvTranspose (input size ``n_in``, output ``n_out``):
+    the slice ``(start, stop)`` of dY and the non-negative Conv pads ``(begin, end)``
+    such that ``Conv(dY[start:stop], W, pads)`` has size ``n_in`` and reads dY at
+    ``i*s + k*d - pb`` (the positions input i was scattered to)."""
+    start = max(0, -pb)  # a negative pad grew the output at the start: skip those
+    begin = max(0, pb)
+    length = s * (n_in - 1) + (k - 1) * d + 1  # padded length a Conv with n_in outputs needs
+    size = n_out - start
+    if size + begin <= length + s - 1:
+        return (start, n_out), (begin, max(0, length - size - begin))
+    return (start, start + length - begin), (begin, 0)  # dY longer than any read: crop
+
+
+@defvjp("ConvTranspose")
+def _conv_transpose_vjp(b, node, dys):
+    x, w = node.inputs[:2]
+    has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
+    dy = dys[0]
+    xt, wt = b.type(x), b.type(w)
+    names = ("auto_pad", "dilations", "kernel_shape", "output_padding", "output_shape")
+    names += ("pads", "strides")
+    geo = conv_transpose_geometry(
+        xt.shape, wt.shape, **{k: node.attrs[k] for k in names if node.attrs.get(k) is not None}
+    )
+    nd = xt.rank - 2
+    sl, pads = [], [0] * (2 * nd)
+    for i in range(nd):
+        (lo, hi), (pads[i], pads[nd + i]) = _transpose_adjoint(
+            xt.shape[2 + i],
+            geo.out[i],
+            geo.kernel[i],
+            geo.strides[i],
+            geo.dilations[i],
+            geo.pads_begin[i],
+        )
+        sl.append((lo, hi))
+    dyc = dy
+    if any(lo != 0 or hi != n for (lo, hi), n in zip(sl, geo.out, strict=True)):
+        dyc = b.op(
+            "Slice",
+            [
+                dy,
+                b.const([lo for lo, _ in sl], np.int64, "starts"),
+                b.const([hi for _, hi in sl], np.int64, "ends"),
+                b.const(list(range(2, 2 + nd)), np.int64, "axes"),
+            ],
+        )
+    attrs = {
+        "strides": list(geo.strides),
+        "dilations": list(geo.dilations),
+        "pads": pads,
+        "group": int(node.attrs.get("group", 1)),
+    }
+    # the adjoint of scattering X through W is correlating dY with the same W
+    dx = b.op("Conv", [dyc, w], attrs)
+    # dW[c, m, k] = sum X[n, c, i] dY[n, m, i*s + k*d - pb]: a Conv weight gradient with
+    # dY as the Conv's input and X as its output gradient
+    dw = b.op("ConvGradWeight", [dyc, x], {**attrs, "weight_shape": list(wt.shape)}, domain="dfdl")
+    return [dx, dw, _bias_grad(b, dy) if has_bias else None]

@@ -26,7 +26,7 @@ from dfdl.ops.common import (
     same_shape,
 )
 from dfdl.ops.cpu import elementwise as cpu
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -66,6 +66,8 @@ _UNSUPPORTED_TYPES = {
     28: "float6e3m2",
 }
 _NUMPY_TYPES = frozenset(np.dtype(t) for t in ONNX_TO_NUMPY.values())
+#: numpy dtype -> ONNX TensorProto.DataType (for the ``to`` of backward Casts)
+NUMPY_TO_ONNX = {np.dtype(v): k for k, v in ONNX_TO_NUMPY.items()}
 
 
 def _arr(x, dtype) -> np.ndarray:
@@ -290,6 +292,12 @@ def Abs(X):
     return _arr(np.abs(X), X.dtype)
 
 
+@register("Sign", shape=_unary("Sign", _NUMERIC), tile=elementwise_tile, differentiable=False)
+def Sign(input):
+    """-1, 0 or 1 by the sign of input (NaN stays NaN); its derivative is 0 a.e."""
+    return _arr(np.sign(input), input.dtype)
+
+
 @register("Exp", shape=_unary("Exp"), tile=elementwise_tile)
 def Exp(input):
     """e ** input."""
@@ -441,3 +449,327 @@ def CastLike(input, target_type, *, saturate=1, round_mode="up"):
     """input converted to the dtype of ``target_type`` (whose values are unused)."""
     with np.errstate(invalid="ignore", over="ignore"):
         return _arr(input, target_type.dtype)
+
+
+# ------------------------------------------------------------------ backward ops (dfdl.*)
+# Fused gradients of the activations: one pass over dy and a saved tensor instead of the
+# 3-5 elementwise nodes (and temporaries) a composition would need on every activation.
+
+
+def _grad_shape(op: str, n_tensors: int = 2):
+    """Shape rule of ``op(dY, T, *scalars)``: float dY and T of one shape and dtype; the
+    optional trailing inputs are scalars of that dtype."""
+
+    def shape(inputs, consts, **attrs):
+        if op == "GeluGrad":
+            _check_approximate(attrs.get("approximate", "none"))
+        dy, t = inputs[:2]
+        if dy.dtype.kind != "f":
+            raise ShapeError(f"dfdl.{op} needs float inputs, got {dy.dtype}", name="dY")
+        if t.shape != dy.shape or t.dtype != dy.dtype:
+            got = [(t.shape, str(t.dtype)) for t in (dy, t)]
+            raise ShapeError(f"dfdl.{op} needs inputs of one shape and dtype, got {got}")
+        for k, p in enumerate(inputs[n_tensors:], n_tensors):
+            if p is not None and (p.dtype != dy.dtype or int(np.prod(p.shape)) != 1):
+                raise ShapeError(f"dfdl.{op} input {k} must be a {dy.dtype} scalar", name=k)
+        return [dy]
+
+    return shape
+
+
+@register(
+    "ReluGrad",
+    domain="dfdl",
+    shape=_grad_shape("ReluGrad"),
+    tile=elementwise_tile,
+    kernels={"cpu": cpu.relu_grad},
+    differentiable=False,
+)
+def ReluGrad(dY, X, *, alpha=0.0):
+    """dY where X > 0, else alpha * dY (Relu: alpha=0; LeakyRelu: its alpha).
+
+    ``X`` may be the activation's input or its output when the output has the sign of
+    the input (Relu; LeakyRelu with alpha > 0): at 0 the gradient is alpha * dY, as in
+    torch.
+    """
+    return _arr(np.where(X > 0, dY, dY * dY.dtype.type(alpha)), dY.dtype)
+
+
+@register(
+    "SigmoidGrad",
+    domain="dfdl",
+    shape=_grad_shape("SigmoidGrad"),
+    tile=elementwise_tile,
+    kernels={"cpu": cpu.sigmoid_grad},
+    differentiable=False,
+)
+def SigmoidGrad(dY, Y):
+    """dY * Y * (1 - Y), from the Sigmoid's output Y."""
+    return _arr(dY * Y * (1 - Y), dY.dtype)
+
+
+@register(
+    "TanhGrad",
+    domain="dfdl",
+    shape=_grad_shape("TanhGrad"),
+    tile=elementwise_tile,
+    kernels={"cpu": cpu.tanh_grad},
+    differentiable=False,
+)
+def TanhGrad(dY, Y):
+    """dY * (1 - Y**2), from the Tanh's output Y."""
+    return _arr(dY * (1 - Y * Y), dY.dtype)
+
+
+@register(
+    "GeluGrad",
+    domain="dfdl",
+    shape=_grad_shape("GeluGrad"),
+    tile=elementwise_tile,
+    kernels={"cpu": cpu.gelu_grad},
+    differentiable=False,
+)
+def GeluGrad(dY, X, *, approximate="none"):
+    """dY * d Gelu(X) / dX for either approximation, from the Gelu's input X."""
+    _check_approximate(approximate)
+    # float16 as in the forward: compute in float32
+    x = X.astype(np.float32) if X.dtype == np.float16 else X
+    with np.errstate(over="ignore", invalid="ignore"):
+        if approximate == "tanh":
+            u = (2 * _SQRT_2_OVER_PI) * (x + 0.044715 * x * x * x)
+            s = Sigmoid(u)  # 0.5 * (1 + tanh(u / 2)), and d tanh = 4 s (1 - s)
+            du = (2 * _SQRT_2_OVER_PI) * (1 + (3 * 0.044715) * x * x)
+            d = s + x * s * (1 - s) * du
+        else:  # Phi(x) + x * phi(x)
+            d = 0.5 * scipy.special.erfc(-x * _INV_SQRT2) + x * (
+                np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+            )
+    return _arr(dY * d.astype(dY.dtype, copy=False), dY.dtype)
+
+
+@register(
+    "ClipGrad",
+    domain="dfdl",
+    shape=_grad_shape("ClipGrad"),
+    tile=_whole_params_tile(2),
+    kernels={"cpu": cpu.clip_grad},
+    differentiable=False,
+)
+def ClipGrad(dY, X, min=None, max=None):
+    """dY where min <= X <= max (bounds inclusive, as torch.clamp), else 0."""
+    keep = np.ones(X.shape, np.bool_)
+    if min is not None:
+        keep &= X >= np.asarray(min).reshape(())
+    if max is not None:
+        keep &= X <= np.asarray(max).reshape(())
+    return _arr(np.where(keep, dY, 0), dY.dtype)
+
+
+# -------------------------------------------------------------------------- VJP rules
+# Conventions follow torch: gradients of kinks take the one-sided value torch uses, and
+# integer inputs get no gradient.
+
+
+def _f(b, name: str | None) -> bool:
+    """Whether the value ``name`` is present and floating point (can carry a gradient)."""
+    return bool(name) and b.type(name).dtype.kind == "f"
+
+
+def _const(b, value, like: str, hint: str) -> str:
+    """A scalar constant with the dtype of the value ``like``."""
+    return b.const(value, b.type(like).dtype, hint)
+
+
+def _cast(b, x: str, dtype: np.dtype) -> str:
+    """``x`` cast to ``dtype`` (``x`` itself when it already has it)."""
+    if b.type(x).dtype == dtype:
+        return x
+    return b.op("Cast", [x], {"to": NUMPY_TO_ONNX[np.dtype(dtype)]})
+
+
+@defvjp("Add")
+def _add_vjp(b, node, dys):
+    a, c = node.inputs
+    return [dys[0] if _f(b, a) else None, dys[0] if _f(b, c) else None]
+
+
+@defvjp("Sub")
+def _sub_vjp(b, node, dys):
+    a, c = node.inputs
+    return [dys[0] if _f(b, a) else None, b.op("Neg", [dys[0]]) if _f(b, c) else None]
+
+
+@defvjp("Mul")
+def _mul_vjp(b, node, dys):
+    a, c = node.inputs
+    if not _f(b, a):
+        return [None, None]
+    return [b.op("Mul", [dys[0], c]), b.op("Mul", [dys[0], a])]
+
+
+@defvjp("Div")
+def _div_vjp(b, node, dys):
+    a, c = node.inputs
+    if not _f(b, a):
+        return [None, None]
+    da = b.op("Div", [dys[0], c])
+    # d(a / c) / dc = -(a / c) / c: reuse the output and da = dy / c
+    return [da, b.op("Neg", [b.op("Mul", [da, node.outputs[0]])])]
+
+
+@defvjp("Pow")
+def _pow_vjp(b, node, dys):
+    x, y = node.inputs
+    dy, out = dys[0], node.outputs[0]
+    tx, ty = b.type(x), b.type(y)
+    gx = gy = None
+    if tx.dtype.kind == "f":
+        # y * x**(y-1), with x**(y-1) replaced by 1 where y == 0 (so 0**0 gives 0, as torch)
+        c = b.graph.initializers.get(y)
+        if c is not None:
+            c = np.asarray(c).astype(tx.dtype)
+            e = np.where(c == 0, 0, c - 1).astype(tx.dtype)
+            coef = b.const(c, hint="pow_coef")
+            if np.all(e == 0):
+                gx = b.op("Mul", [dy, coef])
+            elif np.all(e == 1):
+                gx = b.op("Mul", [dy, b.op("Mul", [coef, x])])
+            else:
+                power = b.op("Pow", [x, b.const(e, hint="pow_exp")])
+                gx = b.op("Mul", [dy, b.op("Mul", [coef, power])])
+        else:
+            yf = _cast(b, y, tx.dtype)
+            zero, one = _const(b, 0, x, "zero"), _const(b, 1, x, "one")
+            e = b.op("Where", [b.op("Equal", [yf, zero]), zero, b.op("Sub", [yf, one])])
+            gx = b.op("Mul", [dy, b.op("Mul", [yf, b.op("Pow", [x, e])])])
+    if tx.dtype.kind == "f" and ty.dtype.kind == "f":
+        # out * log(x); 0 where x == 0 and y >= 0 (torch), NaN for x < 0
+        v = b.op("Mul", [out, b.op("Log", [x])])
+        zero = _const(b, 0, x, "zero")
+        at0 = b.op("Where", [b.op("Less", [y, _const(b, 0, y, "zero")]), v, zero])
+        v = b.op("Where", [b.op("Equal", [x, zero]), at0, v])
+        gy = _cast(b, b.op("Mul", [dy, v]), ty.dtype)
+    return [gx, gy]
+
+
+@defvjp("Sqrt")
+def _sqrt_vjp(b, node, dys):
+    half = _const(b, 0.5, dys[0], "half")
+    return [b.op("Div", [b.op("Mul", [dys[0], half]), node.outputs[0]])]
+
+
+@defvjp("Reciprocal")
+def _reciprocal_vjp(b, node, dys):
+    y = node.outputs[0]
+    return [b.op("Neg", [b.op("Mul", [dys[0], b.op("Mul", [y, y])])])]
+
+
+@defvjp("Neg")
+def _neg_vjp(b, node, dys):
+    return [b.op("Neg", [dys[0]])]
+
+
+@defvjp("Abs")
+def _abs_vjp(b, node, dys):
+    return [b.op("Mul", [dys[0], b.op("Sign", [node.inputs[0]])])]
+
+
+@defvjp("Exp")
+def _exp_vjp(b, node, dys):
+    return [b.op("Mul", [dys[0], node.outputs[0]])]
+
+
+@defvjp("Log")
+def _log_vjp(b, node, dys):
+    return [b.op("Div", [dys[0], node.inputs[0]])]
+
+
+@defvjp("Erf")
+def _erf_vjp(b, node, dys):
+    x = node.inputs[0]
+    k = _const(b, 2 / math.sqrt(math.pi), x, "two_over_sqrt_pi")
+    gauss = b.op("Exp", [b.op("Neg", [b.op("Mul", [x, x])])])
+    return [b.op("Mul", [dys[0], b.op("Mul", [k, gauss])])]
+
+
+@defvjp("Relu")
+def _relu_vjp(b, node, dys):
+    # the output is > 0 exactly where the input is: only the output needs to be kept
+    return [b.op("ReluGrad", [dys[0], node.outputs[0]], domain="dfdl")]
+
+
+@defvjp("LeakyRelu")
+def _leaky_relu_vjp(b, node, dys):
+    alpha = float(node.attrs.get("alpha", 0.01))
+    # with alpha > 0 the output has the input's sign, so it can stand for the input
+    saved = node.outputs[0] if alpha > 0 else node.inputs[0]
+    return [b.op("ReluGrad", [dys[0], saved], {"alpha": alpha}, domain="dfdl")]
+
+
+@defvjp("Sigmoid")
+def _sigmoid_vjp(b, node, dys):
+    return [b.op("SigmoidGrad", [dys[0], node.outputs[0]], domain="dfdl")]
+
+
+@defvjp("Tanh")
+def _tanh_vjp(b, node, dys):
+    return [b.op("TanhGrad", [dys[0], node.outputs[0]], domain="dfdl")]
+
+
+@defvjp("Gelu")
+def _gelu_vjp(b, node, dys):
+    approximate = node.attrs.get("approximate", "none")
+    return [b.op("GeluGrad", [dys[0], node.inputs[0]], {"approximate": approximate}, domain="dfdl")]
+
+
+@defvjp("Clip")
+def _clip_vjp(b, node, dys):
+    x, lo, hi = (list(node.inputs) + ["", ""])[:3]
+    dy = dys[0]
+    if not _f(b, x):
+        return [None, None, None]
+    gx = b.op("ClipGrad", [dy, x, lo or None, hi or None], domain="dfdl")
+    zero = _const(b, 0, x, "zero")
+    glo = ghi = None
+    # torch.clamp: min gets dy where x < min < max; max where x > max, or everywhere when
+    # max < min (the output is then max)
+    if lo:
+        glo = b.op("Where", [b.op("Less", [x, lo]), dy, zero])
+        if hi:
+            glo = b.op("Where", [b.op("Less", [lo, hi]), glo, zero])
+    if hi:
+        ghi = b.op("Where", [b.op("Greater", [x, hi]), dy, zero])
+        if lo:
+            ghi = b.op("Where", [b.op("Less", [hi, lo]), dy, ghi])
+    return [gx, glo, ghi]
+
+
+@defvjp("Where")
+def _where_vjp(b, node, dys):
+    cond, x, y = node.inputs
+    if not _f(b, x):
+        return [None, None, None]
+    zero = _const(b, 0, x, "zero")
+    return [None, b.op("Where", [cond, dys[0], zero]), b.op("Where", [cond, zero, dys[0]])]
+
+
+@defvjp("Identity")
+def _identity_vjp(b, node, dys):
+    return [dys[0]]
+
+
+@defvjp("Cast")
+def _cast_vjp(b, node, dys):
+    x = node.inputs[0]
+    if dys[0] is None or not _f(b, x):  # to or from a non-float type: no gradient
+        return [None]
+    return [_cast(b, dys[0], b.type(x).dtype)]
+
+
+@defvjp("CastLike")
+def _cast_like_vjp(b, node, dys):
+    x = node.inputs[0]
+    if dys[0] is None or not _f(b, x):
+        return [None, None]
+    # a Cast, not CastLike(dy, x): CastLike's tiles get the whole target_type tensor
+    return [_cast(b, dys[0], b.type(x).dtype), None]

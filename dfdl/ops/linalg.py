@@ -1,7 +1,9 @@
-"""Matrix products: Gemm and MatMul (numpy BLAS; no numba kernel needed).
+"""Matrix products: Gemm and MatMul (numpy BLAS; no numba kernel needed), and their VJPs.
 
 Both contract one axis; tiles of that axis give partial products that the planner
-sums with a tree reduction (``reduce={"k": "sum"}``).
+sums with a tree reduction (``reduce={"k": "sum"}``). The gradients are matrix products
+again (Gemm with transposition flags, batched MatMul against a Transpose); batched
+MatMul gradients keep the broadcast batch shape and the autodiff driver sums them down.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import numpy as np
 
 from dfdl.errors import ShapeError, UnsupportedOpError
 from dfdl.ops.common import letters
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
 _MATMUL_DTYPES = frozenset(
     np.dtype(t)
@@ -126,3 +128,64 @@ def _matmul_tile(ctx: TileContext) -> TileSpec:
 def MatMul(A, B):
     """Numpy-style matrix product with broadcast batch dimensions (ONNX MatMul)."""
     return np.asarray(np.matmul(A, B)).astype(A.dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- VJPs
+
+
+@defvjp("Gemm")
+def _gemm_vjp(b, node, dys):
+    a, bm = node.inputs[:2]
+    c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+    dy = dys[0]
+    alpha = float(node.attrs.get("alpha", 1.0))
+    beta = float(node.attrs.get("beta", 1.0))
+    ta, tb = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
+    # with A' = op(A), B' = op(B): dA' = alpha dY B'^T and dB' = alpha A'^T dY; a
+    # transposed operand takes the transpose, which swaps the factors of the product
+    if ta:
+        da = b.op("Gemm", [bm, dy], {"alpha": alpha, "transA": tb, "transB": 1})
+    else:
+        da = b.op("Gemm", [dy, bm], {"alpha": alpha, "transB": 1 - tb})
+    if tb:
+        db = b.op("Gemm", [dy, a], {"alpha": alpha, "transA": 1, "transB": ta})
+    else:
+        db = b.op("Gemm", [a, dy], {"alpha": alpha, "transA": 1 - ta})
+    dc = None
+    if c is not None and beta != 0.0:  # beta = 0: C is ignored, no gradient
+        dc = dy if beta == 1.0 else b.op("Mul", [dy, b.const(beta, b.type(dy).dtype, "beta")])
+    return [da, db, dc]
+
+
+def _swap_last(b, name: str) -> str:
+    """Transpose of the last two axes."""
+    r = b.type(name).rank
+    return b.op("Transpose", [name], {"perm": [*range(r - 2), r - 1, r - 2]})
+
+
+def _unsqueeze(b, name: str, axis: int) -> str:
+    """Insert a size-1 axis at ``axis`` (negative counts from the end of the result)."""
+    r = b.type(name).rank + 1
+    return b.op("Unsqueeze", [name, b.const([axis % r], np.int64, "axes")])
+
+
+@defvjp("MatMul")
+def _matmul_vjp(b, node, dys):
+    a, bm = node.inputs
+    dy = dys[0]
+    ra, rb = b.type(a).rank, b.type(bm).rank
+    if ra == 1 and rb == 1:  # dot product: dY is a scalar
+        return [b.op("Mul", [dy, bm]), b.op("Mul", [dy, a])]
+    if ra == 2 and rb == 2:
+        return [b.op("Gemm", [dy, bm], {"transB": 1}), b.op("Gemm", [a, dy], {"transA": 1})]
+    if rb == 1:  # Y (..., M) = A (..., M, K) @ b (K): dA = dY b^T, db = dY^T A
+        da = b.op("MatMul", [_unsqueeze(b, dy, -1), _unsqueeze(b, bm, 0)])
+        db = b.op("MatMul", [_unsqueeze(b, dy, -2), a])  # (..., 1, K), summed by the driver
+        return [da, db]
+    if ra == 1:  # Y (..., N) = a (K) @ B (..., K, N): da = dY B^T, dB = a dY
+        dyr = _unsqueeze(b, dy, -2)  # (..., 1, N)
+        da = b.op("MatMul", [dyr, _swap_last(b, bm)])  # (..., 1, K), summed by the driver
+        db = b.op("MatMul", [_unsqueeze(b, a, 1), dyr])
+        return [da, db]
+    # batched: results keep the broadcast batch shape; the driver sums them down
+    return [b.op("MatMul", [dy, _swap_last(b, bm)]), b.op("MatMul", [_swap_last(b, a), dy])]

@@ -1,8 +1,12 @@
-"""Normalization, softmax and dropout ops.
+"""Normalization, softmax and dropout ops, their VJP rules and fused backward ops.
 
 BatchNormalization, InstanceNormalization, LayerNormalization, Softmax, LogSoftmax and
 Dropout, with ONNX (opset 13+ / latest) semantics. Axes whose result needs statistics over
 the whole axis (normalized axes, softmax axis, batch axes in training mode) are never split.
+
+The backward ops live in the ``dfdl`` domain (``dfdl.SoftmaxGrad``,
+``dfdl.LayerNormalizationGrad``, ...). They compute in float64 and round once to the
+output dtype; they are not differentiable themselves.
 """
 
 from __future__ import annotations
@@ -11,14 +15,23 @@ import numpy as np
 from onnx import helper
 
 from dfdl.errors import ShapeError, UnsupportedOpError
-from dfdl.ops.common import letters, normalize_axis
+from dfdl.ops.common import elementwise_tile, letters, normalize_axis
 from dfdl.ops.cpu.norm import (
     cpu_batch_normalization,
+    cpu_batch_normalization_grad,
     cpu_instance_normalization,
+    cpu_instance_normalization_grad,
     cpu_layer_normalization,
+    cpu_layer_normalization_grad,
+    cpu_layer_normalization_param_grad,
 )
-from dfdl.ops.cpu.softmax import cpu_log_softmax, cpu_softmax
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+from dfdl.ops.cpu.softmax import (
+    cpu_log_softmax,
+    cpu_log_softmax_grad,
+    cpu_softmax,
+    cpu_softmax_grad,
+)
+from dfdl.ops.registry import DFDL_DOMAIN, TensorType, TileContext, TileSpec, defvjp, register
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -317,11 +330,466 @@ def Dropout(data, ratio=None, training_mode=None, *, seed=None, _offset=None, _f
     return out.astype(data.dtype, copy=False), mask
 
 
+def _dropout_grad_shape(inputs, consts):
+    dY, mask = inputs[0], inputs[1]
+    if mask.shape != dY.shape or mask.dtype != np.bool_:
+        raise ShapeError(f"dfdl.DropoutGrad: mask must be bool of shape {dY.shape}")
+    return [dY]
+
+
+@register(
+    "DropoutGrad",
+    domain=DFDL_DOMAIN,
+    shape=_dropout_grad_shape,
+    tile=elementwise_tile,
+    differentiable=False,
+)
+def DropoutGrad(dY, mask, ratio=None, training_mode=None):
+    """Dropout backward from the forward's mask: ``dY * mask / (1 - ratio)`` in training."""
+    r = 0.5 if ratio is None else float(np.asarray(ratio).item())
+    training = training_mode is not None and bool(np.asarray(training_mode).item())
+    if not training or r == 0:
+        return dY.copy()
+    if r == 1:
+        return np.zeros_like(dY)
+    scale = np.asarray(1.0 / (1.0 - r), dtype=dY.dtype)
+    return np.where(mask, dY * scale, np.zeros((), dtype=dY.dtype)).astype(dY.dtype, copy=False)
+
+
+# ============================================================= backward ops (dfdl domain)
+
+
+def _f64(a):
+    return None if a is None else np.asarray(a, dtype=np.float64)
+
+
+def _check_like(op: str, what: str, t: TensorType | None, shape: tuple) -> None:
+    if t is not None and t.shape != shape:
+        raise ShapeError(f"{op}: {what} must have shape {shape}, got {t.shape}", name=what)
+
+
+# ----------------------------------------------------- dfdl.BatchNormalizationGrad
+
+
+def _bn_grad_shape(inputs, consts, *, epsilon=1e-5):
+    dY, X, scale = inputs[0], inputs[1], inputs[2]
+    _check_channels("dfdl.BatchNormalizationGrad", X, inputs[2:5])
+    _check_like("dfdl.BatchNormalizationGrad", "dY", dY, X.shape)
+    return [X, scale, scale]
+
+
+def _bn_grad_tile(ctx: TileContext) -> TileSpec:
+    # batch statistics: the batch and spatial axes stay whole, channels split
+    x = ".c" + "." * (ctx.inputs[1].rank - 2)
+    return TileSpec(inputs=(x, x, "c", "c", "c")[: len(ctx.inputs)], outputs=(x, "c", "c"))
+
+
+def _bn_grad_compute(dY, X, scale, dMean, dVar, epsilon, axes):
+    """Shared float64 math of training-mode batch- and instance-norm gradients.
+
+    ``axes`` are the statistics axes; per-channel parameters broadcast along axis 1.
+    Returns (dX, sum(dY * xhat), sum(dY)) with the sums keeping dims.
+    """
+    r = X.ndim
+    x = _f64(X)
+    cnt = int(np.prod([X.shape[a] for a in axes], dtype=np.int64))
+    xc = x - x.mean(axis=axes, keepdims=True)
+    inv = 1.0 / np.sqrt((xc * xc).mean(axis=axes, keepdims=True) + epsilon)
+    xhat = xc * inv
+    dy = np.zeros_like(x) if dY is None else _f64(dY)
+    db = dy.sum(axis=axes, keepdims=True)
+    ds = (dy * xhat).sum(axis=axes, keepdims=True)
+    # d/dx of scale * xhat through the batch mean and variance
+    dx = _channel_view(_f64(scale), r) * inv * (dy - db / cnt - xhat * (ds / cnt))
+    if dMean is not None:
+        dx = dx + dMean / cnt
+    if dVar is not None:
+        dx = dx + dVar * (2.0 / cnt) * xc
+    return dx, ds, db
+
+
+@register(
+    "BatchNormalizationGrad",
+    domain=DFDL_DOMAIN,
+    shape=_bn_grad_shape,
+    tile=_bn_grad_tile,
+    kernels={"cpu": cpu_batch_normalization_grad},
+    differentiable=False,
+)
+def BatchNormalizationGrad(dY, X, scale, dMean=None, dVar=None, *, epsilon=1e-5):
+    """Training-mode BatchNormalization backward; returns ``(dX, dscale, dB)``.
+
+    Statistics are recomputed from ``X``. ``dMean``/``dVar`` (optional, per channel) are
+    gradients reaching the batch mean and biased variance (through the running stats).
+    A missing ``dY`` counts as zeros.
+    """
+    r = X.ndim
+    axes = (0, *range(2, r))
+    cv = None if dMean is None else _channel_view(_f64(dMean), r)
+    vv = None if dVar is None else _channel_view(_f64(dVar), r)
+    dx, ds, db = _bn_grad_compute(dY, X, scale, cv, vv, epsilon, axes)
+    return (
+        dx.astype(X.dtype),
+        ds.reshape(-1).astype(scale.dtype),
+        db.reshape(-1).astype(scale.dtype),
+    )
+
+
+# -------------------------------------------------- dfdl.InstanceNormalizationGrad
+
+
+def _in_grad_shape(inputs, consts, *, epsilon=1e-5):
+    dY, X, scale = inputs[:3]
+    _check_channels("dfdl.InstanceNormalizationGrad", X, [scale])
+    _check_like("dfdl.InstanceNormalizationGrad", "dY", dY, X.shape)
+    nc = TensorType(X.shape[:2], scale.dtype)
+    return [X, nc, nc]
+
+
+def _in_grad_tile(ctx: TileContext) -> TileSpec:
+    x = "nc" + "." * (ctx.inputs[1].rank - 2)
+    return TileSpec(inputs=(x, x, "c"), outputs=(x, "nc", "nc"))
+
+
+@register(
+    "InstanceNormalizationGrad",
+    domain=DFDL_DOMAIN,
+    shape=_in_grad_shape,
+    tile=_in_grad_tile,
+    kernels={"cpu": cpu_instance_normalization_grad},
+    differentiable=False,
+)
+def InstanceNormalizationGrad(dY, X, scale, *, epsilon=1e-5):
+    """InstanceNormalization backward; returns ``(dX, dscale, dB)``.
+
+    ``dscale``/``dB`` are per (n, c), shape (N, C): summing over n (left to the autodiff
+    driver) gives the (C,) parameter gradients, and keeps the op tiled on n.
+    """
+    axes = tuple(range(2, X.ndim))
+    dx, ds, db = _bn_grad_compute(dY, X, scale, None, None, epsilon, axes)
+    nc = X.shape[:2]
+    return (
+        dx.astype(X.dtype),
+        ds.reshape(nc).astype(scale.dtype),
+        db.reshape(nc).astype(scale.dtype),
+    )
+
+
+# -------------------------------------------------- dfdl.LayerNormalizationGrad
+
+
+def _ln_grad_shape(inputs, consts, *, axis=-1, epsilon=1e-5, stash_type=1):
+    dY, X = inputs[0], inputs[1]
+    ax = _check_axis(axis, X.rank, "dfdl.LayerNormalizationGrad")
+    stash_dtype(stash_type)
+    _check_like("dfdl.LayerNormalizationGrad", "dY", dY, X.shape)
+    stat = X.shape[:ax] + (1,) * (X.rank - ax)
+    for what, t in zip(("dMean", "dInvStdDev"), inputs[3:5]):
+        _check_like("dfdl.LayerNormalizationGrad", what, t, stat)
+    return [X]
+
+
+def _ln_grad_tile(ctx: TileContext) -> TileSpec:
+    X = ctx.inputs[1]
+    ax = normalize_axis(ctx.attrs.get("axis", -1), X.rank)
+    x = letters(ax) + "." * (X.rank - ax)
+    ins = [x, x, x[X.rank - ctx.inputs[2].rank :]] + [x for _ in ctx.inputs[3:]]
+    return TileSpec(inputs=tuple(ins), outputs=(x,))
+
+
+@register(
+    "LayerNormalizationGrad",
+    domain=DFDL_DOMAIN,
+    shape=_ln_grad_shape,
+    tile=_ln_grad_tile,
+    kernels={"cpu": cpu_layer_normalization_grad},
+    differentiable=False,
+)
+def LayerNormalizationGrad(
+    dY, X, Scale, dMean=None, dInvStdDev=None, *, axis=-1, epsilon=1e-5, stash_type=1
+):
+    """LayerNormalization backward for X; returns dX.
+
+    ``dY`` (may be None) is the gradient of Y; ``dMean``/``dInvStdDev`` (optional) those
+    of the Mean and InvStdDev outputs. Statistics are recomputed in float64.
+    """
+    ax = normalize_axis(axis, X.ndim)
+    x = _f64(X)
+    axes = tuple(range(ax, X.ndim))
+    k = int(np.prod(X.shape[ax:], dtype=np.int64))
+    xc = x - x.mean(axis=axes, keepdims=True)
+    inv = 1.0 / np.sqrt((xc * xc).mean(axis=axes, keepdims=True) + epsilon)
+    dx = np.zeros_like(x)
+    if dY is not None:
+        g = _f64(dY) * _f64(Scale)
+        xhat = xc * inv
+        mg = g.mean(axis=axes, keepdims=True)
+        mgx = (g * xhat).mean(axis=axes, keepdims=True)
+        dx = inv * (g - mg - xhat * mgx)
+    if dMean is not None:
+        dx = dx + _f64(dMean) / k
+    if dInvStdDev is not None:
+        # d inv / dx = -inv^3 (x - mean) / k
+        dx = dx - _f64(dInvStdDev) * inv**3 * xc / k
+    return dx.astype(X.dtype)
+
+
+def _ln_param_shape(inputs, consts, *, axis=-1, epsilon=1e-5, stash_type=1, param_axis=None):
+    dY, X = inputs
+    ax = _check_axis(axis, X.rank, "dfdl.LayerNormalizationParamGrad")
+    pa = ax if param_axis is None else normalize_axis(param_axis, X.rank)
+    if not 0 <= pa <= ax:
+        raise ShapeError(f"dfdl.LayerNormalizationParamGrad: param_axis {param_axis} > axis")
+    _check_like("dfdl.LayerNormalizationParamGrad", "dY", dY, X.shape)
+    return [TensorType((2, *X.shape[pa:]), X.dtype)]
+
+
+def _ln_param_tile(ctx: TileContext) -> TileSpec:
+    X = ctx.inputs[1]
+    ax = normalize_axis(ctx.attrs.get("axis", -1), X.rank)
+    pa = ctx.attrs.get("param_axis")
+    pa = ax if pa is None else normalize_axis(pa, X.rank)
+    x = letters(ax) + "." * (X.rank - ax)
+    # the axes before param_axis are summed over: partial sums per tile, tree-added
+    return TileSpec(inputs=(x, x), outputs=("." + x[pa:],), reduce={c: "sum" for c in x[:pa]})
+
+
+@register(
+    "LayerNormalizationParamGrad",
+    domain=DFDL_DOMAIN,
+    shape=_ln_param_shape,
+    tile=_ln_param_tile,
+    kernels={"cpu": cpu_layer_normalization_param_grad},
+    differentiable=False,
+)
+def LayerNormalizationParamGrad(dY, X, *, axis=-1, epsilon=1e-5, stash_type=1, param_axis=None):
+    """Scale and bias gradients of LayerNormalization, stacked: shape (2, *X.shape[p:]).
+
+    ``[0] = sum(dY * xhat)`` and ``[1] = sum(dY)``, both summed over the axes before
+    ``p = param_axis`` (default ``axis``; smaller when Scale/B cover leading axes too).
+    """
+    ax = normalize_axis(axis, X.ndim)
+    pa = ax if param_axis is None else normalize_axis(param_axis, X.ndim)
+    x = _f64(X)
+    axes = tuple(range(ax, X.ndim))
+    xc = x - x.mean(axis=axes, keepdims=True)
+    xhat = xc / np.sqrt((xc * xc).mean(axis=axes, keepdims=True) + epsilon)
+    dy = _f64(dY)
+    lead = tuple(range(pa))
+    return np.stack([(dy * xhat).sum(axis=lead), dy.sum(axis=lead)]).astype(X.dtype)
+
+
+# ------------------------------------------------ dfdl.SoftmaxGrad / LogSoftmaxGrad
+
+
+def _softmax_grad_shape(inputs, consts, *, axis=-1):
+    dY, Y = inputs
+    _check_axis(axis, Y.rank, "dfdl.SoftmaxGrad")
+    _check_like("dfdl.SoftmaxGrad", "dY", dY, Y.shape)
+    return [Y]
+
+
+def _softmax_grad_tile(ctx: TileContext) -> TileSpec:
+    spec = _softmax_tile(TileContext(ctx.inputs[1:], ctx.outputs, ctx.consts[1:], ctx.attrs))
+    return TileSpec(inputs=(spec.inputs[0], spec.inputs[0]), outputs=spec.outputs)
+
+
+@register(
+    "SoftmaxGrad",
+    domain=DFDL_DOMAIN,
+    shape=_softmax_grad_shape,
+    tile=_softmax_grad_tile,
+    kernels={"cpu": cpu_softmax_grad},
+    differentiable=False,
+)
+def SoftmaxGrad(dY, Y, *, axis=-1):
+    """Softmax backward from its output: ``dX = Y * (dY - sum(dY * Y, axis))``."""
+    y, dy = _f64(Y), _f64(dY)
+    return (y * (dy - (dy * y).sum(axis=axis, keepdims=True))).astype(Y.dtype)
+
+
+@register(
+    "LogSoftmaxGrad",
+    domain=DFDL_DOMAIN,
+    shape=_softmax_grad_shape,
+    tile=_softmax_grad_tile,
+    kernels={"cpu": cpu_log_softmax_grad},
+    differentiable=False,
+)
+def LogSoftmaxGrad(dY, Y, *, axis=-1):
+    """LogSoftmax backward from its output: ``dX = dY - exp(Y) * sum(dY, axis)``."""
+    dy = _f64(dY)
+    return (dy - np.exp(_f64(Y)) * dy.sum(axis=axis, keepdims=True)).astype(Y.dtype)
+
+
+# ============================================================================ VJP rules
+
+
+def _axes_const(b, axes) -> str:
+    return b.const(list(axes), np.int64, "axes")
+
+
+def _as_channels(b, name: str, rank: int) -> str:
+    """A (C,) value reshaped to (C, 1, ...) so it broadcasts against (N, C, D...)."""
+    c = b.type(name).shape[0]
+    return b.op("Reshape", [name, b.const((c,) + (1,) * (rank - 2), np.int64, "cshape")])
+
+
+@defvjp("BatchNormalization")
+def _bn_vjp(b, node, dys):
+    X, scale, _B, mean, var = node.inputs
+    eps = node.attrs.get("epsilon", 1e-5)
+    if node.attrs.get("training_mode", 0):
+        m = node.attrs.get("momentum", 0.9)
+        dys = list(dys) + [None] * (3 - len(dys))
+        # running = input * m + batch_stat * (1 - m)
+        bstat, gin = [], []
+        for d in dys[1:3]:
+            if d is None:
+                bstat.append(None)
+                gin.append(None)
+                continue
+            dt = b.type(d).dtype
+            bstat.append(b.op("Mul", [d, b.const(1 - m, dt, "one_minus_momentum")]))
+            gin.append(b.op("Mul", [d, b.const(m, dt, "momentum")]))
+        dx, ds, db = b.op(
+            "BatchNormalizationGrad",
+            [dys[0], X, scale, *bstat],
+            {"epsilon": eps},
+            domain=DFDL_DOMAIN,
+            n_outputs=3,
+        )
+        if dys[0] is None:
+            ds = db = None
+        return [dx, ds, db, *gin]
+    # inference: Y = a * (X - mean) + B with a = scale * inv, inv = 1 / sqrt(var + eps)
+    dy = dys[0]
+    r = b.type(X).rank
+    red = _axes_const(b, (0, *range(2, r)))
+    vt = b.type(var).dtype
+    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [var, b.const(eps, vt, "eps")])])])
+    a = b.op("Mul", [scale, inv])
+    dx = b.op("Mul", [dy, _as_channels(b, a, r)])
+    sdy = b.op("ReduceSum", [dy, red], {"keepdims": 0})
+    xc = b.op("Sub", [X, _as_channels(b, mean, r)])
+    sdyx = b.op("ReduceSum", [b.op("Mul", [dy, xc]), red], {"keepdims": 0})
+    dscale = b.op("Mul", [sdyx, inv])
+    dmean = b.op("Neg", [b.op("Mul", [sdy, a])])
+    # d inv / d var = -inv^3 / 2
+    dinv = b.op("Mul", [b.op("Mul", [sdyx, scale]), b.const(-0.5, vt, "neg_half")])
+    dvar = b.op("Mul", [dinv, b.op("Mul", [inv, b.op("Mul", [inv, inv])])])
+    return [dx, dscale, sdy, dmean, dvar]
+
+
+@defvjp("InstanceNormalization")
+def _in_vjp(b, node, dys):
+    X, scale, _B = node.inputs
+    eps = node.attrs.get("epsilon", 1e-5)
+    dx, ds, db = b.op(
+        "InstanceNormalizationGrad",
+        [dys[0], X, scale],
+        {"epsilon": eps},
+        domain=DFDL_DOMAIN,
+        n_outputs=3,
+    )
+    # ds, db are (N, C): the driver sums them over N
+    return [dx, ds, db]
+
+
+@defvjp("LayerNormalization")
+def _ln_vjp(b, node, dys):
+    ins = list(node.inputs) + [""] * (3 - len(node.inputs))
+    X, scale, B = ins[:3]
+    dys = list(dys) + [None] * (3 - len(dys))
+    dy, dmean, dinv = dys
+    keys = ("axis", "epsilon", "stash_type")
+    attrs = {k: node.attrs[k] for k in keys if k in node.attrs}
+    dx = b.op("LayerNormalizationGrad", [dy, X, scale, dmean, dinv], attrs, domain=DFDL_DOMAIN)
+    if dy is None:
+        return [dx, None, None]
+    xr = b.type(X).rank
+    ax = normalize_axis(attrs.get("axis", -1), xr)
+    prank = max(b.type(p).rank for p in (scale, B) if p)
+    both = b.op(
+        "LayerNormalizationParamGrad",
+        [dy, X],
+        {**attrs, "param_axis": min(ax, xr - prank)},
+        domain=DFDL_DOMAIN,
+    )
+    dscale = b.op("Gather", [both, b.const(0, np.int64, "idx")], {"axis": 0})
+    db = b.op("Gather", [both, b.const(1, np.int64, "idx")], {"axis": 0}) if B else None
+    return [dx, dscale, db]
+
+
+@defvjp("Softmax")
+def _softmax_vjp(b, node, dys):
+    axis = node.attrs.get("axis", -1)
+    return [b.op("SoftmaxGrad", [dys[0], node.outputs[0]], {"axis": axis}, domain=DFDL_DOMAIN)]
+
+
+@defvjp("LogSoftmax")
+def _log_softmax_vjp(b, node, dys):
+    axis = node.attrs.get("axis", -1)
+    return [b.op("LogSoftmaxGrad", [dys[0], node.outputs[0]], {"axis": axis}, domain=DFDL_DOMAIN)]
+
+
+def _dropout_mask(b, node) -> str:
+    """The forward Dropout node's mask output, added to the node when it lacks one.
+
+    The backward pass must see the mask of the step's seed, which the trainer sets per
+    step on the forward node only: reading its mask (rather than re-running Dropout in
+    the backward graph) stays right whatever the seed.
+    """
+    if len(node.outputs) > 1 and node.outputs[1]:
+        return node.outputs[1]
+    name, k = f"{node.outputs[0]}.mask", 0
+    while name in b.graph.types:
+        k += 1
+        name = f"{node.outputs[0]}.mask_{k}"
+    node.outputs = [node.outputs[0], name, *node.outputs[2:]]
+    b.graph.types[name] = TensorType(b.type(node.outputs[0]).shape, np.bool_)
+    return name
+
+
+@defvjp("Dropout")
+def _dropout_vjp(b, node, dys):
+    ins = list(node.inputs) + [""] * (3 - len(node.inputs))
+    _data, ratio, tm = ins
+    dy = dys[0]
+    n_in = len(node.inputs)
+    if dy is None:
+        return [None] * n_in
+    tm_value = b.graph.initializers.get(tm) if tm else np.asarray(False)
+    if tm_value is not None and not bool(np.asarray(tm_value).item()):
+        return [dy] + [None] * (n_in - 1)  # inference: identity
+    dx = b.op("DropoutGrad", [dy, _dropout_mask(b, node), ratio, tm], domain=DFDL_DOMAIN)
+    if not ratio:
+        return [dx] + [None] * (n_in - 1)
+    # out = mask * x / (1 - ratio)  =>  d out / d ratio = out / (1 - ratio)
+    rt = b.type(ratio).dtype
+    one_minus = b.op("Sub", [b.const(1.0, rt, "one"), ratio])
+    dratio = b.op("Div", [b.op("Mul", [dy, node.outputs[0]]), one_minus])
+    if tm_value is None:  # training_mode known only at run time
+        dratio = b.op("Mul", [dratio, b.op("Cast", [tm], {"to": _onnx_type(rt)})])
+    return [dx, dratio, None][:n_in]
+
+
+def _onnx_type(dtype) -> int:
+    return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+
+
 __all__ = [
     "BatchNormalization",
+    "BatchNormalizationGrad",
     "Dropout",
+    "DropoutGrad",
     "InstanceNormalization",
+    "InstanceNormalizationGrad",
     "LayerNormalization",
+    "LayerNormalizationGrad",
+    "LayerNormalizationParamGrad",
     "LogSoftmax",
+    "LogSoftmaxGrad",
     "Softmax",
+    "SoftmaxGrad",
 ]

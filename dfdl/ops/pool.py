@@ -22,7 +22,7 @@ import numpy as np
 from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
 from dfdl.ops.common import letters, whole_tile
 from dfdl.ops.cpu import pool as cpu_pool
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -290,3 +290,162 @@ def GlobalAveragePool(X):
 def GlobalMaxPool(X):
     """Max over all spatial axes (kept as size 1)."""
     return np.max(X, axis=tuple(range(2, X.ndim)), keepdims=True)
+
+
+# ---------------------------------------------------------------- backward (VJP) ops
+# dfdl.MaxPoolGrad / dfdl.AveragePoolGrad compute dX from dY with the forward's window
+# geometry; the global pools reuse them with one window covering every spatial axis.
+
+
+def max_pool_grad_numpy(dY: np.ndarray, X: np.ndarray, g: PoolGeometry) -> np.ndarray:
+    """dX of MaxPool: each dY element goes to the first max of its window (numpy)."""
+    _, idx = max_pool_numpy(X, g)
+    acc_dtype = np.float32 if X.dtype == np.float16 else X.dtype
+    dx = np.zeros(X.size, acc_dtype)
+    valid = idx >= 0  # windows lying entirely in the padding have no input to feed
+    np.add.at(dx, idx[valid], dY[valid].astype(acc_dtype))
+    return dx.reshape(X.shape).astype(X.dtype, copy=False)
+
+
+def avg_pool_grad_numpy(
+    dY: np.ndarray, input_shape, g: PoolGeometry, count_include_pad: int = 0
+) -> np.ndarray:
+    """dX of AveragePool: each dY element spread evenly over its window's counted taps."""
+    sp = tuple(input_shape[2:])
+    acc_dtype = np.float32 if dY.dtype == np.float16 else dY.dtype
+    div = _counts(sp, g, bool(count_include_pad)).astype(acc_dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = dY.astype(acc_dtype) / div
+    dx = np.zeros(dY.shape[:2] + sp, acc_dtype)
+    for _, out_sl, in_sl in _taps(sp, g):
+        dx[in_sl] += share[out_sl]  # one tap maps distinct outputs to distinct inputs
+    return dx.astype(dY.dtype, copy=False)
+
+
+def _check_grad(op: str, dY: TensorType, input_shape, g: PoolGeometry) -> None:
+    want = tuple(input_shape[:2]) + g.out
+    if dY.shape != want:
+        raise ShapeError(f"{op}: dY has shape {dY.shape}, expected {want}", given=dY.shape)
+
+
+def _max_pool_grad_shape(inputs, consts, **attrs) -> list[TensorType]:
+    dY, X = inputs[0], inputs[1]
+    _check_x("MaxPoolGrad", X, float_only=True)
+    g = _geometry_from_attrs("MaxPoolGrad", X.shape, attrs)
+    _check_grad("MaxPoolGrad", dY, X.shape, g)
+    return [X]
+
+
+def _avg_pool_grad_shape(inputs, consts, *, input_shape=None, **attrs) -> list[TensorType]:
+    dY = inputs[0]
+    if not input_shape:
+        raise ModelError("AveragePoolGrad: attribute input_shape is required")
+    shape = tuple(int(v) for v in input_shape)
+    _check_x("AveragePoolGrad", TensorType(shape, dY.dtype), float_only=True)
+    g = _geometry_from_attrs("AveragePoolGrad", shape, attrs)
+    _check_grad("AveragePoolGrad", dY, shape, g)
+    return [TensorType(shape, dY.dtype)]
+
+
+def _max_pool_grad_tile(ctx: TileContext) -> TileSpec:
+    """dY, X and dX tiled alike on batch and channels; spatial axes whole."""
+    spec = letters(2) + "." * (ctx.inputs[1].rank - 2)
+    return TileSpec(inputs=(spec, spec), outputs=(spec,))
+
+
+def _avg_pool_grad_tile(ctx: TileContext) -> TileSpec:
+    """Batch and channels tiled; each tile's ``input_shape`` becomes its dX tile shape."""
+    spec = letters(2) + "." * (ctx.outputs[0].rank - 2)
+
+    def adjust(attrs, consts, out_regions):
+        shape = [r.stop - r.start for r in out_regions[0]]
+        return {**attrs, "input_shape": shape}, consts
+
+    return TileSpec(inputs=(spec,), outputs=(spec,), adjust=adjust)
+
+
+@register(
+    "MaxPoolGrad",
+    domain="dfdl",
+    shape=_max_pool_grad_shape,
+    tile=_max_pool_grad_tile,
+    kernels={"cpu": cpu_pool.MaxPoolGrad},
+    differentiable=False,
+)
+def MaxPoolGrad(
+    dY,
+    X,
+    *,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """dX of ``MaxPool(X)`` given dY (ties: the first max in scan order, as the forward)."""
+    g = pool_geometry(
+        "MaxPoolGrad", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return max_pool_grad_numpy(dY, X, g)
+
+
+@register(
+    "AveragePoolGrad",
+    domain="dfdl",
+    shape=_avg_pool_grad_shape,
+    tile=_avg_pool_grad_tile,
+    kernels={"cpu": cpu_pool.AveragePoolGrad},
+    differentiable=False,
+)
+def AveragePoolGrad(
+    dY,
+    *,
+    input_shape=None,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    count_include_pad=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """dX of ``AveragePool(X)`` given dY; ``input_shape`` is X's shape."""
+    sp = tuple(int(v) for v in input_shape[2:])
+    g = pool_geometry(
+        "AveragePoolGrad", sp, kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return avg_pool_grad_numpy(dY, input_shape, g, count_include_pad)
+
+
+def _pool_attrs(node, drop=()) -> dict:
+    return {k: v for k, v in node.attrs.items() if k not in drop}
+
+
+@defvjp("MaxPool")
+def _max_pool_vjp(b, node, dys):
+    if dys[0] is None:  # only Indices is used: integer, no gradient
+        return [None]
+    attrs = _pool_attrs(node, drop=("storage_order",))
+    return [b.op("MaxPoolGrad", [dys[0], node.inputs[0]], attrs, domain="dfdl")]
+
+
+@defvjp("AveragePool")
+def _avg_pool_vjp(b, node, dys):
+    attrs = {**_pool_attrs(node), "input_shape": list(b.type(node.inputs[0]).shape)}
+    return [b.op("AveragePoolGrad", [dys[0]], attrs, domain="dfdl")]
+
+
+@defvjp("GlobalMaxPool")
+def _global_max_pool_vjp(b, node, dys):
+    # a global max is a MaxPool whose single window is the whole spatial extent
+    spatial = list(b.type(node.inputs[0]).shape[2:])
+    attrs = {"kernel_shape": spatial}
+    return [b.op("MaxPoolGrad", [dys[0], node.inputs[0]], attrs, domain="dfdl")]
+
+
+@defvjp("GlobalAveragePool")
+def _global_avg_pool_vjp(b, node, dys):
+    shape = list(b.type(node.inputs[0]).shape)
+    attrs = {"kernel_shape": shape[2:], "input_shape": shape}
+    return [b.op("AveragePoolGrad", [dys[0]], attrs, domain="dfdl")]

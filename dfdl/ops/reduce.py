@@ -3,15 +3,22 @@
 Tiling: kept axes are tiled alike in input and output. A reduced axis is tiled as a
 contracted letter where partial results combine exactly (sum for ReduceSum, max for
 ReduceMax) and is never split (".") otherwise (ReduceMean, ArgMax).
+
+VJPs are built from registry ops (Reshape, Expand, Mul, Equal, Cast, Div), so the backward
+pass tiles like any other graph: the gradient is ``dY`` broadcast back over the reduced
+axes (scaled by ``1/n`` for the mean, routed to the maxima for the max).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from onnx import helper
 
 from dfdl.errors import ModelError
 from dfdl.ops.common import letters, normalize_axis
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
 
 def reduce_axes(rank: int, axes, noop_with_empty_axes: int = 0) -> tuple[int, ...] | None:
@@ -123,6 +130,62 @@ def ReduceMax(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
         shape = _reduced_shape(data.shape, red, keep)
         return np.full(shape, _lowest(data.dtype), dtype=data.dtype)
     return np.asarray(np.max(data, axis=red, keepdims=keep))
+
+
+# ---------------------------------------------------------------- VJP rules
+
+
+def _vjp_axes(b, node) -> tuple:
+    """(data type, reduced axes or None for the identity) of a reduction node."""
+    x = b.type(node.inputs[0])
+    name = node.inputs[1] if len(node.inputs) > 1 else ""
+    axes = b.graph.initializers.get(name) if name else None
+    return x, reduce_axes(x.rank, axes, node.attrs.get("noop_with_empty_axes", 0))
+
+
+def _keepdims_grad(b, node, dy: str, x: TensorType, red: tuple[int, ...]) -> str:
+    """``dy`` in the keepdims shape (size 1 on every reduced axis)."""
+    if node.attrs.get("keepdims", 1):
+        return dy
+    shape = b.const(_reduced_shape(x.shape, red, 1), np.int64, "shape")
+    return b.op("Reshape", [dy, shape], {"allowzero": 1})
+
+
+def _expand_to(b, g: str, x: TensorType) -> str:
+    return b.op("Expand", [g, b.const(x.shape, np.int64, "shape")])
+
+
+@defvjp("ReduceSum")
+def _reduce_sum_vjp(b, node, dys):
+    x, red = _vjp_axes(b, node)
+    if red is None:
+        return [dys[0], None]
+    return [_expand_to(b, _keepdims_grad(b, node, dys[0], x, red), x), None]
+
+
+@defvjp("ReduceMean")
+def _reduce_mean_vjp(b, node, dys):
+    x, red = _vjp_axes(b, node)
+    if red is None:
+        return [dys[0], None]
+    n = max(1, math.prod(x.shape[a] for a in red))
+    # scale the small reduced gradient before broadcasting it
+    g = b.op("Mul", [_keepdims_grad(b, node, dys[0], x, red), b.const(1.0 / n, x.dtype, "inv_n")])
+    return [_expand_to(b, g, x), None]
+
+
+@defvjp("ReduceMax")
+def _reduce_max_vjp(b, node, dys):
+    """dY goes to the maxima, shared evenly among ties (torch's amax convention)."""
+    x, red = _vjp_axes(b, node)
+    if red is None:
+        return [dys[0], None]
+    y = _keepdims_grad(b, node, node.outputs[0], x, red)
+    hit = b.op("Equal", [node.inputs[0], y])
+    mask = b.op("Cast", [hit], {"to": int(helper.np_dtype_to_tensor_dtype(x.dtype))})
+    count = b.op("ReduceSum", [mask, b.const(list(red), np.int64, "axes")], {"keepdims": 1})
+    share = b.op("Div", [_keepdims_grad(b, node, dys[0], x, red), count])
+    return [b.op("Mul", [mask, share]), None]
 
 
 def _argmax_axis(rank: int, axis: int) -> int:

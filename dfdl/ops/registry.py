@@ -152,6 +152,7 @@ def register(
     fold_only: bool = False,
     differentiable: bool = True,
     const_inputs: tuple[int, ...] = (),
+    vjp: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator registering a numpy forward as the op ``name``.
 
@@ -175,7 +176,33 @@ def register(
             fold_only=fold_only,
             differentiable=differentiable,
             const_inputs=tuple(const_inputs),
+            vjp=vjp,
         )
+        return fn
+
+    return deco
+
+
+def defvjp(name: str, domain: str = "") -> Callable[[Callable], Callable]:
+    """Decorator attaching a VJP rule to a registered op (written next to the op).
+
+    A VJP rule is ``vjp(b, node, dys) -> list`` where ``b`` is a
+    :class:`dfdl.graph.autodiff.GradBuilder`, ``node`` the forward IR node and ``dys``
+    the gradient value name of each node output (None where no gradient flows). It
+    returns, per node input, the name of the gradient value (None for no gradient),
+    built from registry ops with ``b.op(...)``. Gradients may keep the broadcast shape
+    of the output: the autodiff driver reduces them to the input's shape.
+
+    Example:
+        >>> @defvjp("Neg")
+        ... def _neg_vjp(b, node, dys):
+        ...     return [b.op("Neg", [dys[0]])]
+    """
+
+    def deco(fn: Callable) -> Callable:
+        key = _key(domain, name)
+        op = REGISTRY[key]
+        REGISTRY[key] = OpDef(**{**op.__dict__, "vjp": fn})
         return fn
 
     return deco

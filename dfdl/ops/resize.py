@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dfdl.errors import ModelError, UnsupportedOpError
+from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
 from dfdl.ops.common import LETTERS, normalize_axis, whole_tile
 from dfdl.ops.cpu import resize as cpu_resize
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
 _MODES = ("nearest", "linear")
 _CTMS = (
@@ -328,3 +328,130 @@ def Resize(
     if mode == "nearest":
         return y.copy() if y is X else np.ascontiguousarray(y)
     return _saturate(y, X.dtype)
+
+
+# ---------------------------------------------------------------- backward (VJP) op
+# dfdl.ResizeGrad is the adjoint of Resize as a linear map of X (roi/scales/sizes fixed):
+# the per-axis passes run in reverse order, each scattering dY back to its source taps.
+
+
+def adjoint_passes(plan: ResizePlan, input_shape, attrs):
+    """Per resized axis, last one first: ``(axis, L, idx, w)`` with w zero where the
+    forward writes ``extrapolation_value`` (no gradient flows there)."""
+    passes = []
+    for a in reversed(plan.axes):
+        L = int(input_shape[a])
+        if plan.identity(a, L):
+            continue
+        idx, w, outside = axis_sampling(
+            plan,
+            a,
+            L,
+            mode=attrs["mode"],
+            ctm=attrs["coordinate_transformation_mode"],
+            nearest_mode=attrs["nearest_mode"],
+            antialias=attrs["antialias"],
+            exclude_outside=attrs["exclude_outside"],
+        )
+        w = np.ones(idx.shape) if w is None else w
+        if outside is not None:
+            w = np.where(outside[:, None], 0.0, w)
+        passes.append((a, L, idx, w))
+    return passes
+
+
+def _resize_grad_shape(inputs, consts, *, input_shape=None, **attrs) -> list[TensorType]:
+    dY = inputs[0]
+    if not input_shape:
+        raise ModelError("ResizeGrad: attribute input_shape is required")
+    shape = tuple(int(v) for v in input_shape)
+    plan = _plan_from_attrs(shape, consts, attrs)
+    if plan.out != dY.shape:
+        raise ShapeError(f"ResizeGrad: dY has shape {dY.shape}, expected {plan.out}")
+    if dY.dtype.kind != "f":
+        raise UnsupportedOpError(
+            f"ResizeGrad: dtype {dY.dtype} is not supported", op_type="ResizeGrad"
+        )
+    return [TensorType(shape, dY.dtype)]
+
+
+def _resize_grad_tile(ctx: TileContext) -> TileSpec:
+    """Axes Resize copies unchanged are tiled (dY and dX alike); resized axes stay whole."""
+    dY, shape = ctx.inputs[0], ctx.outputs[0].shape
+    if ctx.attrs.get("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
+        return whole_tile(ctx)
+    plan = _plan_from_attrs(shape, ctx.consts, ctx.attrs)
+    spec = "".join(LETTERS[a] if plan.identity(a, shape[a]) else "." for a in range(dY.rank))
+    tiled = [a for a, ch in enumerate(spec) if ch != "."]
+    sizes_given = len(ctx.consts) > 3 and _given(ctx.consts[3]) is not None
+
+    def adjust(attrs, consts, out_regions):
+        # input_shape (and sizes on tiled axes) become the tile's own lengths
+        tile_shape = [r.stop - r.start for r in out_regions[0]]
+        if sizes_given:
+            sizes = np.array(consts[3], dtype=np.int64)
+            for i, a in enumerate(plan.axes):
+                if a in tiled:
+                    sizes[i] = tile_shape[a]
+            consts = {**consts, 3: sizes}
+        return {**attrs, "input_shape": tile_shape}, consts
+
+    inputs = (spec,) + tuple(None for _ in ctx.inputs[1:])
+    return TileSpec(inputs=inputs, outputs=(spec,), adjust=adjust if tiled else None)
+
+
+@register(
+    "ResizeGrad",
+    domain="dfdl",
+    shape=_resize_grad_shape,
+    tile=_resize_grad_tile,
+    kernels={"cpu": cpu_resize.ResizeGrad},
+    const_inputs=(1, 2, 3),
+    differentiable=False,
+)
+def ResizeGrad(
+    dY,
+    roi=None,
+    scales=None,
+    sizes=None,
+    *,
+    input_shape=None,
+    antialias=0,
+    axes=None,
+    coordinate_transformation_mode="half_pixel",
+    cubic_coeff_a=-0.75,
+    exclude_outside=0,
+    extrapolation_value=0.0,
+    keep_aspect_ratio_policy="stretch",
+    mode="nearest",
+    nearest_mode="round_prefer_floor",
+):
+    """dX of ``Resize(X, roi, scales, sizes)`` given dY; ``input_shape`` is X's shape."""
+    attrs = dict(
+        mode=mode,
+        coordinate_transformation_mode=coordinate_transformation_mode,
+        nearest_mode=nearest_mode,
+        antialias=antialias,
+        exclude_outside=exclude_outside,
+    )
+    check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
+    shape = tuple(int(v) for v in input_shape)
+    plan = resize_plan(
+        shape, roi, scales, sizes, axes, keep_aspect_ratio_policy, coordinate_transformation_mode
+    )
+    g = dY.astype(np.float64)
+    for a, L, idx, w in adjoint_passes(plan, shape, attrs):
+        # dense (L, n_out) transpose of this axis' interpolation matrix
+        m = np.zeros((L, idx.shape[0]))
+        np.add.at(m, (idx, np.arange(idx.shape[0])[:, None]), w)
+        g = np.moveaxis(np.tensordot(m, g, axes=([1], [a])), 0, a)
+    return np.ascontiguousarray(g).astype(dY.dtype, copy=False)
+
+
+@defvjp("Resize")
+def _resize_vjp(b, node, dys):
+    x, *params = node.inputs
+    params = (params + [None] * 3)[:3]
+    attrs = {**node.attrs, "input_shape": list(b.type(x).shape)}
+    dx = b.op("ResizeGrad", [dys[0], *params], attrs, domain="dfdl")
+    return [dx, None, None, None][: len(node.inputs)]

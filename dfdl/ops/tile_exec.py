@@ -43,6 +43,18 @@ def _resolve(spec: tuple, args: tuple) -> Any:
     raise ValueError(f"unknown tile input kind {kind!r}")
 
 
+def _aligned(x: Any) -> Any:
+    """``x``, or an aligned copy when numpy marks it unaligned.
+
+    Tiles and constants pickled inside the task graph arrive as views into the pickle's
+    bytes, at any byte offset. numpy's matmul skips BLAS for unaligned operands and
+    rounds differently, so without this copy results would vary from run to run.
+    """
+    if isinstance(x, np.ndarray) and not x.flags.aligned:
+        return x.copy()
+    return x
+
+
 def run_tile(meta: tuple, *args: Any) -> Any:
     """Run one op on one tile.
 
@@ -54,7 +66,7 @@ def run_tile(meta: tuple, *args: Any) -> Any:
     """
     fn, attrs, specs, shapes, label = meta
     n_out = len(shapes)
-    inputs = [_resolve(s, args) for s in specs]
+    inputs = [_aligned(_resolve(s, args)) for s in specs]
     while inputs and inputs[-1] is None:
         inputs.pop()
     try:

@@ -19,9 +19,7 @@ def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int):
     graph = plan.graph
     read = {i for n in plan.graph.nodes for i in n.inputs if i}
     dsk, sources, keep = {}, {}, []
-    names = [n for n in graph.inputs if n in read] + [
-        n for n in graph.initializers if n in read
-    ]
+    names = [n for n in graph.inputs if n in read] + [n for n in graph.initializers if n in read]
     big = {}
     for name in names:
         value = feeds[name] if name in feeds else graph.initializers[name]
@@ -40,7 +38,7 @@ def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int):
     if big:
         futures = client.scatter(big, hash=False)
         keep.extend(futures.values())
-        for name, refs in sources.items():
+        for refs in sources.values():
             for idx, r in refs.items():
                 if not isinstance(r, TaskRef):
                     refs[idx] = futures[r]

@@ -33,7 +33,9 @@ class OpCase:
         opset: default-domain opset of the model.
         id: a short readable name for the test id.
         reference: optional callable(*inputs) -> list of expected outputs, for cases the
-            ReferenceEvaluator cannot compute (it is the oracle otherwise).
+            ReferenceEvaluator cannot compute (it is the oracle otherwise; required for
+            ``dfdl``-domain ops).
+        domain: the op's domain ("" for ONNX ops, "dfdl" for dfdl's backward ops).
     """
 
     op: str
@@ -46,6 +48,7 @@ class OpCase:
     opset: int = OPSET
     id: str = ""
     reference: Any = None
+    domain: str = ""
     _expected: Any = field(default=None, repr=False, compare=False)
 
     def input_names(self) -> list[str]:
@@ -58,7 +61,9 @@ class OpCase:
         """The case as an ONNX model (checked when ``typed``: outputs get the
         reference's dtypes)."""
         names = self.input_names()
-        node = helper.make_node(self.op, names, self.output_names(), **self.attrs)
+        node = helper.make_node(
+            self.op, names, self.output_names(), domain=self.domain, **self.attrs
+        )
         inits, graph_inputs = [], []
         for i, (name, x) in enumerate(zip(names, self.inputs)):
             if x is None:
@@ -82,9 +87,7 @@ class OpCase:
         else:
             outputs = [onnx.ValueInfoProto(name=n) for n in self.output_names()]
         graph = helper.make_graph([node], f"case_{self.op}", graph_inputs, outputs, inits)
-        model = helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", self.opset)]
-        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         model.ir_version = 10
         if typed:
             onnx.checker.check_model(model)
@@ -109,8 +112,13 @@ class OpCase:
             self._expected = list(ref.run(None, self.feeds()))
         return self._expected
 
+    @property
+    def key(self) -> str:
+        """The op's registry key (``"dfdl.ConvGradWeight"`` for dfdl-domain ops)."""
+        return f"{self.domain}.{self.op}" if self.domain else self.op
+
     def name(self) -> str:
-        return f"{self.op}-{self.id}" if self.id else self.op
+        return f"{self.key}-{self.id}" if self.id else self.key
 
 
 def rand(*shape: int, dtype=np.float32, seed: int = 0, low=-2.0, high=2.0) -> np.ndarray:

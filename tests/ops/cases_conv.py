@@ -1,8 +1,11 @@
-"""OpCases for Conv and ConvTranspose (1-D/2-D/3-D, batch 5, channels >= 3).
+"""OpCases for Conv, ConvTranspose and the backward ops dfdl.ConvGradInput /
+dfdl.ConvGradWeight (1-D/2-D/3-D, batch 5, channels >= 3).
 
 onnx's ReferenceEvaluator is the oracle except where it is wrong: grouped
 ConvTranspose and an output_shape that crops the output (positive total padding).
 Those cases use ``_conv_transpose_naive``, the definition written as plain loops.
+The backward ops have loop references too: a Conv's dX is the transposed convolution
+of dY (``_conv_transpose_naive`` again), its dW is ``_conv_grad_weight_naive``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,144 @@ def _conv_transpose_naive(X, W, B=None, *, strides, pads_begin, out_shape, group
 
 def _naive(**kw):
     return functools.partial(_conv_transpose_naive, **kw)
+
+
+def _conv_grad_weight_naive(X, dY, *, strides, pads_begin, kernel, group=1, dilations=None):
+    """Every output position p and kernel offset k adds dY[p]^T X[p*s + k*d - pad]."""
+    nd = X.ndim - 2
+    dilations = dilations or [1] * nd
+    cg, mg = X.shape[1] // group, dY.shape[1] // group
+    dw = np.zeros((dY.shape[1], cg, *kernel))
+    for pos in np.ndindex(*dY.shape[2:]):
+        for off in np.ndindex(*kernel):
+            i = [
+                p * s + k * d - b
+                for p, s, k, d, b in zip(pos, strides, off, dilations, pads_begin, strict=True)
+            ]
+            if not all(0 <= ii < n for ii, n in zip(i, X.shape[2:], strict=True)):
+                continue
+            for g in range(group):
+                dys = dY[(slice(None), slice(g * mg, (g + 1) * mg), *pos)]
+                xs = X[(slice(None), slice(g * cg, (g + 1) * cg), *i)]
+                dw[(slice(g * mg, (g + 1) * mg), slice(None), *off)] += (
+                    dys.T.astype(np.float64) @ xs
+                )
+    return [dw.astype(X.dtype)]
+
+
+#: Conv geometries for the backward ops: (id, X shape, W shape, attrs, group, explicit
+#: begin pads for the loop references, dY spatial shape)
+_GRAD_GEOMETRIES = [
+    ("2d_pad", (5, 3, 7, 6), (7, 3, 3, 3), {"pads": [1, 1, 1, 1]}, [1, 1], (7, 6)),
+    (
+        "2d_stride_dil_asym",
+        (5, 3, 7, 6),
+        (7, 3, 3, 3),
+        {"strides": [2, 1], "dilations": [1, 2], "pads": [0, 1, 2, 1]},
+        [0, 1],
+        (4, 4),
+    ),
+    (
+        "2d_same_upper",
+        (5, 3, 7, 6),
+        (7, 3, 3, 2),
+        {"auto_pad": "SAME_UPPER", "strides": [2, 2]},
+        [1, 0],
+        (4, 3),
+    ),
+    ("2d_group3", (5, 6, 6, 5), (9, 2, 3, 3), {"group": 3, "pads": [1, 0, 1, 2]}, [1, 0], (6, 5)),
+    (
+        "2d_depthwise",
+        (5, 4, 6, 6),
+        (8, 1, 3, 3),
+        {"group": 4, "pads": [1, 1, 1, 1], "strides": [2, 2]},
+        [1, 1],
+        (3, 3),
+    ),
+    ("2d_pointwise", (5, 3, 7, 6), (7, 3, 1, 1), {}, [0, 0], (7, 6)),
+    (
+        "1d",
+        (5, 3, 11),
+        (7, 3, 3),
+        {"strides": [2], "pads": [1, 2], "dilations": [2]},
+        [1],
+        (5,),
+    ),
+    (
+        "3d",
+        (5, 3, 5, 6, 4),
+        (7, 3, 3, 2, 3),
+        {"pads": [1, 0, 1, 1, 1, 1], "strides": [1, 2, 1]},
+        [1, 0, 1],
+        (5, 3, 4),
+    ),
+    (
+        "3d_group2_dilated",
+        (5, 4, 4, 5, 5),
+        (6, 2, 2, 3, 3),
+        {"group": 2, "dilations": [1, 2, 1], "pads": [0, 2, 1, 1, 2, 1]},
+        [0, 2, 1],
+        (4, 5, 5),
+    ),
+]
+
+
+def _conv_grad_cases() -> list[OpCase]:
+    cases = []
+    for seed, (id, xs, ws, attrs, pb, out) in enumerate(_GRAD_GEOMETRIES):
+        group = attrs.get("group", 1)
+        geo = {"strides": attrs.get("strides", [1] * len(pb)), "pads_begin": pb, "group": group}
+        geo["dilations"] = attrs.get("dilations")
+        x = rand(*xs, seed=50 + seed)
+        w = rand(*ws, seed=70 + seed, low=-0.5, high=0.5)
+        dy = rand(xs[0], ws[0], *out, seed=90 + seed)
+        cases += [
+            OpCase(
+                "ConvGradInput",
+                [dy, w],
+                {**attrs, "input_shape": list(xs)},
+                reference=_naive(out_shape=list(xs[2:]), **geo),
+                domain="dfdl",
+                id=id,
+                **TOL,
+            ),
+            OpCase(
+                "ConvGradWeight",
+                [x, dy],
+                {**attrs, "weight_shape": list(ws)},
+                reference=functools.partial(_conv_grad_weight_naive, kernel=ws[2:], **geo),
+                domain="dfdl",
+                id=id,
+                **TOL,
+            ),
+        ]
+    f64 = {"pads": [2, 1, 0, 1], "strides": [3, 2]}
+    geo = {"strides": [3, 2], "pads_begin": [2, 1]}
+    x = rand(5, 3, 7, 6, dtype=np.float64, seed=20)
+    w = rand(7, 3, 3, 3, dtype=np.float64, seed=21)
+    dy = rand(5, 7, 3, 3, dtype=np.float64, seed=22)
+    exact = {"rtol": 1e-10, "atol": 1e-10}
+    cases += [
+        OpCase(
+            "ConvGradInput",
+            [dy, w],
+            {**f64, "input_shape": [5, 3, 7, 6]},
+            reference=_naive(out_shape=[7, 6], **geo),
+            domain="dfdl",
+            id="2d_f64",
+            **exact,
+        ),
+        OpCase(
+            "ConvGradWeight",
+            [x, dy],
+            {**f64, "weight_shape": [7, 3, 3, 3]},
+            reference=functools.partial(_conv_grad_weight_naive, kernel=(3, 3), **geo),
+            domain="dfdl",
+            id="2d_f64",
+            **exact,
+        ),
+    ]
+    return cases
 
 
 def _conv_cases() -> list[OpCase]:
@@ -262,4 +403,4 @@ def _conv_transpose_cases() -> list[OpCase]:
     ]
 
 
-CASES = _conv_cases() + _conv_transpose_cases()
+CASES = _conv_cases() + _conv_transpose_cases() + _conv_grad_cases()

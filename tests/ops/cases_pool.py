@@ -18,23 +18,21 @@ from tests.ops.case import OpCase, rand
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def _pool_naive(
-    X,
+def _naive_windows(
+    shape,
     *,
-    op,
     kernel_shape,
     strides=None,
     pads=None,
     dilations=None,
     ceil_mode=0,
     auto_pad="NOTSET",
-    count_include_pad=0,
-    storage_order=0,
 ):
-    """Window o starts at o*stride - pad_begin; taps outside [0, L) are skipped (max) or
-    not counted (average; count_include_pad counts taps before L + pad_end)."""
-    nd = X.ndim - 2
-    sp = X.shape[2:]
+    """Output shape, and per output index ``(n, c, *o)`` its taps inside the input (in
+    scan order) and its count of taps before ``L + pad_end``. Window o starts at
+    o*stride - pad_begin."""
+    nd = len(shape) - 2
+    sp = shape[2:]
     s = strides or [1] * nd
     d = dilations or [1] * nd
     ek = [(k - 1) * dd + 1 for k, dd in zip(kernel_shape, d, strict=True)]
@@ -54,29 +52,60 @@ def _pool_naive(
                 if (o - 1) * ss >= L + b:
                     o -= 1
             out.append(o)
-    Y = np.zeros(X.shape[:2] + tuple(out), X.dtype)
-    idx = np.zeros(Y.shape, np.int64)
-    for n, c, *o in itertools.product(*(range(v) for v in Y.shape)):
-        vals, cnt, where = [], 0, []
+    out_shape = tuple(shape[:2]) + tuple(out)
+    windows = []
+    for n, c, *o in itertools.product(*(range(v) for v in out_shape)):
+        where, cnt = [], 0
         for t in itertools.product(*(range(k) for k in kernel_shape)):
             pos = [oi * ss - b + ti * dd for oi, ss, b, ti, dd in zip(o, s, pb, t, d, strict=True)]
             if all(p < L + e for p, L, e in zip(pos, sp, pe, strict=True)):
                 cnt += 1
             if all(0 <= p < L for p, L in zip(pos, sp, strict=True)):
-                vals.append(X[(n, c, *pos)])
-                where.append(pos)
+                where.append((n, c, *pos))
+        windows.append(((n, c, *o), where, cnt))
+    return out_shape, windows
+
+
+def _pool_naive(X, *, op, count_include_pad=0, storage_order=0, **geom):
+    """Pooling as plain loops: taps outside [0, L) are skipped (max) or not counted
+    (average; count_include_pad counts taps before L + pad_end)."""
+    out_shape, windows = _naive_windows(X.shape, **geom)
+    sp = X.shape[2:]
+    Y = np.zeros(out_shape, X.dtype)
+    idx = np.zeros(out_shape, np.int64)
+    for o, where, cnt in windows:
+        vals = [X[w] for w in where]
         if op == "MaxPool":
             i = int(np.argmax(vals))
-            Y[(n, c, *o)] = vals[i]
+            Y[o] = vals[i]
             order = "C" if storage_order == 0 else "F"
-            idx[(n, c, *o)] = (n * X.shape[1] + c) * int(np.prod(sp)) + np.ravel_multi_index(
-                where[i], sp, order=order
+            n, c = o[:2]
+            idx[o] = (n * X.shape[1] + c) * int(np.prod(sp)) + np.ravel_multi_index(
+                where[i][2:], sp, order=order
             )
         else:
-            Y[(n, c, *o)] = np.sum(vals, dtype=np.float64) / (
-                cnt if count_include_pad else len(vals)
-            )
+            Y[o] = np.sum(vals, dtype=np.float64) / (cnt if count_include_pad else len(vals))
     return [Y, idx] if op == "MaxPool" else [Y]
+
+
+def _max_pool_grad_naive(dY, X, **geom):
+    """Each dY element added to the first maximum of its window."""
+    _, windows = _naive_windows(X.shape, **geom)
+    dx = np.zeros(X.shape, np.float64)
+    for o, where, _ in windows:
+        if where:
+            dx[where[int(np.argmax([X[w] for w in where]))]] += dY[o]
+    return [dx.astype(X.dtype)]
+
+
+def _avg_pool_grad_naive(dY, *, input_shape, count_include_pad=0, **geom):
+    """Each dY element divided by its window's count and added to the window's taps."""
+    _, windows = _naive_windows(tuple(input_shape), **geom)
+    dx = np.zeros(input_shape, np.float64)
+    for o, where, cnt in windows:
+        for w in where:
+            dx[w] += dY[o] / (cnt if count_include_pad else len(where))
+    return [dx.astype(dY.dtype)]
 
 
 def _naive(op, **attrs):
@@ -285,4 +314,65 @@ def _global_cases() -> list[OpCase]:
     return cases
 
 
-CASES = _max_cases() + _avg_cases() + _global_cases()
+def _dy(x_shape, seed, dtype=np.float32, **geom):
+    """A random output gradient of the pooled shape."""
+    out_shape, _ = _naive_windows(x_shape, **geom)
+    return rand(*out_shape, seed=seed, dtype=dtype)
+
+
+def _max_grad_case(x, geom, id, seed=0, **kw) -> OpCase:
+    dy = _dy(x.shape, seed, x.dtype, **geom)
+    ref = functools.partial(_max_pool_grad_naive, **geom)
+    return OpCase("MaxPoolGrad", [dy, x], geom, id=id, domain="dfdl", reference=ref, **kw)
+
+
+def _avg_grad_case(shape, geom, id, seed=0, dtype=np.float32, incl=0, **kw) -> OpCase:
+    dy = _dy(shape, seed, dtype, **geom)
+    attrs = {**geom, "count_include_pad": incl, "input_shape": list(shape)}
+    ref = functools.partial(_avg_pool_grad_naive, **attrs)
+    return OpCase("AveragePoolGrad", [dy], attrs, id=id, domain="dfdl", reference=ref, **kw)
+
+
+def _grad_cases() -> list[OpCase]:
+    x2 = rand(5, 3, 9, 7, seed=31)
+    x1 = rand(5, 4, 11, seed=32)
+    x3 = rand(5, 3, 5, 6, 7, seed=33)
+    # few distinct values: many ties, which must go to the first max like the forward
+    ties = np.round(rand(5, 3, 9, 7, seed=34)).astype(np.float32)
+    a_resnet = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    a_ceil = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 0], "ceil_mode": 1}
+    a_ceil3 = {"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 0, 0, 0], "ceil_mode": 1}
+    a_dil = {"kernel_shape": [2, 3], "strides": [1, 2], "dilations": [2, 1], "pads": [1, 0, 0, 2]}
+    a_same = {"kernel_shape": [3, 2], "auto_pad": "SAME_UPPER", "strides": [2, 2]}
+    a_same_low = {"kernel_shape": [2, 3], "auto_pad": "SAME_LOWER"}
+    a_1d = {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}
+    a_3d = {"kernel_shape": [3, 3, 3], "strides": [2, 2, 2], "pads": [1] * 6, "ceil_mode": 1}
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    return [
+        _max_grad_case(x2, a_resnet, "2d_resnet", **tol),
+        _max_grad_case(x2, {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}, "2d_ceil"),
+        _max_grad_case(x2, a_dil, "2d_dil_asym_pads", **tol),
+        _max_grad_case(x2, a_same, "2d_same_upper", **tol),
+        _max_grad_case(x2, {"kernel_shape": [3, 3]}, "2d_overlapping", **tol),
+        _max_grad_case(ties, a_resnet, "2d_ties", **tol),
+        _max_grad_case(x1, a_1d, "1d", **tol),
+        _max_grad_case(x3, a_3d, "3d_pad_ceil", **tol),
+        _max_grad_case(x2.astype(np.float64), a_resnet, "2d_f64", **tol),
+        _max_grad_case(x2.astype(np.float16), a_resnet, "2d_f16", rtol=2e-3, atol=2e-3),
+        _max_grad_case(x2, {"kernel_shape": [9, 7]}, "2d_global", **tol),
+        _avg_grad_case(x2.shape, a_resnet, "2d_pad", **tol),
+        _avg_grad_case(x2.shape, a_resnet, "2d_pad_incl", incl=1, **tol),
+        _avg_grad_case(x2.shape, a_ceil, "2d_ceil_incl", incl=1, **tol),
+        _avg_grad_case(x2.shape, a_ceil3, "2d_ceil_overhang2_incl", incl=1, **tol),
+        _avg_grad_case(x2.shape, a_dil, "2d_dil", **tol),
+        _avg_grad_case(x2.shape, a_dil, "2d_dil_incl", incl=1, **tol),
+        _avg_grad_case(x2.shape, a_same_low, "2d_same_lower_incl", incl=1, **tol),
+        _avg_grad_case(x1.shape, a_1d, "1d_incl", incl=1, **tol),
+        _avg_grad_case(x3.shape, a_3d, "3d_pad_ceil", **tol),
+        _avg_grad_case(x2.shape, a_resnet, "2d_f64", dtype=np.float64, **tol),
+        _avg_grad_case(x2.shape, a_resnet, "2d_f16", dtype=np.float16, rtol=2e-3, atol=2e-3),
+        _avg_grad_case((5, 7, 9, 7), {"kernel_shape": [9, 7]}, "2d_global", **tol),
+    ]
+
+
+CASES = _max_cases() + _avg_cases() + _global_cases() + _grad_cases()

@@ -25,7 +25,7 @@ def _load_cases():
 
 
 CASES = _load_cases()
-RUNNABLE = [c for c in CASES if not REGISTRY[c.op].fold_only]
+RUNNABLE = [c for c in CASES if not REGISTRY[c.key].fold_only]
 
 
 def assert_matches(got, want, case, what):
@@ -40,12 +40,12 @@ def assert_matches(got, want, case, what):
 
 @pytest.mark.parametrize("op", sorted(REGISTRY))
 def test_every_op_has_cases(op):
-    assert any(c.op == op for c in CASES), f"op {op} is registered but has no OpCase"
+    assert any(c.key == op for c in CASES), f"op {op} is registered but has no OpCase"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name())
 def test_forward_matches_reference(case):
-    op = REGISTRY[case.op]
+    op = REGISTRY[case.key]
     outs = op.forward(*case.inputs, **case.attrs)
     outs = outs if isinstance(outs, tuple) else (outs,)
     want = case.expected()
@@ -55,8 +55,10 @@ def test_forward_matches_reference(case):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name())
 def test_shape_rule_matches_forward(case):
-    op = REGISTRY[case.op]
-    types = [None if x is None else TensorType(np.shape(x), np.asarray(x).dtype) for x in case.inputs]
+    op = REGISTRY[case.key]
+    types = [
+        None if x is None else TensorType(np.shape(x), np.asarray(x).dtype) for x in case.inputs
+    ]
     consts = [
         np.asarray(x) if (i in case.consts and x is not None) else None
         for i, x in enumerate(case.inputs)
@@ -81,10 +83,10 @@ def test_tiled_run_matches_reference(case, tiles, client):
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in CASES if "cpu" in REGISTRY[c.op].kernels], ids=lambda c: c.name()
+    "case", [c for c in CASES if "cpu" in REGISTRY[c.key].kernels], ids=lambda c: c.name()
 )
 def test_cpu_kernel_matches_forward(case):
-    op = REGISTRY[case.op]
+    op = REGISTRY[case.key]
     want = op.forward(*case.inputs, **case.attrs)
     got = op.kernels["cpu"](*case.inputs, **case.attrs)
     want = want if isinstance(want, tuple) else (want,)

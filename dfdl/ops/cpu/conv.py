@@ -231,18 +231,29 @@ def conv_transpose_cpu(
     if not _supported(X, W, B):
         return ops.ConvTranspose(X, W, B, group=group, **attrs)
     geo = ops.conv_transpose_geometry(X.shape, W.shape, **attrs)
+    y = _scatter(X, W, group, geo.kernel, geo.strides, geo.dilations, geo.pads_begin, geo.out)
+    n, m = y.shape[:2]
+    if B is not None:
+        y += B.reshape((1, m, 1, 1, 1))
+    return y.reshape((n, m, *geo.out))
+
+
+def _scatter(X, W, group, kernel, strides, dilations, pads_begin, out) -> np.ndarray:
+    """Transposed convolution core: ``cols = W^T @ x`` then col2im into a zero output of
+    spatial size ``out`` (returned as (N, C_out, D, H, W)); input position i, kernel
+    offset o lands on output position i*s + o*d - pad."""
     n, c = X.shape[:2]
     mg = W.shape[1]
     m, cg = mg * group, c // group
     in_d, in_h, in_w = (int(v) for v in _to3d(X.shape[2:], 1))
     rows, npos = in_d * in_h, in_d * in_h * in_w
     x = np.ascontiguousarray(X).reshape(n, c, npos)
-    k, s, d = _to3d(geo.kernel, 1), _to3d(geo.strides, 1), _to3d(geo.dilations, 1)
-    p = _to3d(geo.pads_begin, 0)
+    k, s, d = _to3d(kernel, 1), _to3d(strides, 1), _to3d(dilations, 1)
+    p = _to3d(pads_begin, 0)
     kk = mg * int(np.prod(k))
     # (group, C/g, C_out/g * k) -> (group, C_out/g * k, C/g): cols = wt @ x
     wt = np.ascontiguousarray(W.reshape(group, cg, kk).transpose(0, 2, 1))
-    y = np.zeros((n, m, *_to3d(geo.out, 1)), X.dtype)
+    y = np.zeros((n, m, *_to3d(out, 1)), X.dtype)
     blocks, width = _plan(n, rows, in_w, kk, X.itemsize)
     buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block
     for g in range(group):
@@ -258,6 +269,89 @@ def conv_transpose_cpu(
                 np.matmul(wt[g], xs, out=cols)
             for i in range(n1 - n0):
                 _col2im(cols, i * step, r0, r1, in_h, in_w, yg[n0 + i], k, s, d, p)
-    if B is not None:
-        y += B.reshape((1, m, 1, 1, 1))
-    return y.reshape((n, m, *geo.out))
+    return y
+
+
+def _grad_attrs(auto_pad, dilations, kernel_shape, pads, strides) -> dict:
+    return {
+        "auto_pad": auto_pad,
+        "dilations": dilations,
+        "kernel_shape": kernel_shape,
+        "pads": pads,
+        "strides": strides,
+    }
+
+
+def conv_grad_input_cpu(
+    dY,
+    W,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    input_shape=None,
+):
+    """dfdl.ConvGradInput tile kernel (a Conv's dX): BLAS matmul + numba col2im."""
+    from dfdl.ops import conv as ops  # lazy: dfdl.ops.conv imports this module
+
+    attrs = _grad_attrs(auto_pad, dilations, kernel_shape, pads, strides)
+    if not _supported(dY, W, None):
+        return ops.ConvGradInput(dY, W, group=group, input_shape=input_shape, **attrs)
+    shape = tuple(int(v) for v in input_shape)
+    geo = ops.conv_geometry(shape, W.shape, **attrs)
+    # dX is the transposed convolution of dY with the same W, pads and strides
+    y = _scatter(dY, W, group, geo.kernel, geo.strides, geo.dilations, geo.pads_begin, shape[2:])
+    return y.reshape(shape)
+
+
+def conv_grad_weight_cpu(
+    X,
+    dY,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    weight_shape=None,
+):
+    """dfdl.ConvGradWeight tile kernel (a Conv's dW): numba im2col + BLAS ``dY @ cols^T``."""
+    from dfdl.ops import conv as ops  # lazy: dfdl.ops.conv imports this module
+
+    attrs = _grad_attrs(auto_pad, dilations, kernel_shape, pads, strides)
+    if not _supported(X, dY, None):
+        return ops.ConvGradWeight(X, dY, group=group, weight_shape=weight_shape, **attrs)
+    wshape = tuple(int(v) for v in weight_shape)
+    geo = ops.conv_geometry(X.shape, wshape, **attrs)
+    n, c = X.shape[:2]
+    m = wshape[0]
+    cg, mg = c // group, m // group
+    x = np.ascontiguousarray(X).reshape((n, c, *_to3d(X.shape[2:], 1)))
+    k, s, d = _to3d(geo.kernel, 1), _to3d(geo.strides, 1), _to3d(geo.dilations, 1)
+    p = _to3d(geo.pads_begin, 0)
+    out_d, out_h, out_w = (int(v) for v in _to3d(geo.out, 1))
+    rows, npos = out_d * out_h, out_d * out_h * out_w
+    kk = cg * int(np.prod(k))
+    dy = np.ascontiguousarray(dY).reshape(n, m, npos)
+    dw = np.zeros((group, mg, kk), X.dtype)
+    blocks, width = _plan(n, rows, out_w, kk, X.itemsize)
+    buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block
+    for g in range(group):
+        xg = x[:, g * cg : (g + 1) * cg]
+        dyg = dy[:, g * mg : (g + 1) * mg]
+        for n0, n1, r0, r1 in blocks:
+            step = (r1 - r0) * out_w
+            cols = buf[: kk * step * (n1 - n0)].reshape(kk, step * (n1 - n0))
+            for i in range(n1 - n0):
+                _im2col(xg[n0 + i], cols, i * step, r0, r1, out_h, out_w, k, s, d, p)
+            if n1 - n0 == 1:
+                dyb = dyg[n0, :, r0 * out_w : r1 * out_w]
+            else:  # samples side by side, as in cols: (M/g, n * positions)
+                dyb = dyg[n0:n1].transpose(1, 0, 2).reshape(mg, (n1 - n0) * npos)
+            # contract positions: dW_g += dY_g @ cols^T (BLAS reads the transpose in place)
+            dw[g] += np.matmul(dyb, cols.T)
+    return dw.reshape(wshape)

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numba
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 # error_model="numpy": x / 0 gives inf/nan like numpy instead of raising
 _jit = numba.njit(cache=True, error_model="numpy")
@@ -200,3 +202,107 @@ def erf(input):
 def sqrt(X):
     """Sqrt kernel."""
     return _map(_sqrt, X) if _is_float(X) else _numpy("Sqrt")(X)
+
+
+# ------------------------------------------------------------- backward (dfdl.*Grad) loops
+
+
+@_jit
+def _relu_grad(dy, x, out, alpha):
+    for i in range(dy.size):
+        out[i] = dy[i] if x[i] > 0 else dy[i] * alpha
+
+
+@_jit
+def _sigmoid_grad(dy, y, out):
+    for i in range(dy.size):
+        v = y[i]
+        out[i] = dy[i] * v * (1.0 - v)
+
+
+@_jit
+def _tanh_grad(dy, y, out):
+    for i in range(dy.size):
+        v = y[i]
+        out[i] = dy[i] * (1.0 - v * v)
+
+
+@_jit
+def _gelu_grad_erf(dy, x, out):
+    for i in range(dy.size):
+        v = x[i]
+        # Phi(v) + v * phi(v)
+        cdf = 0.5 * math.erfc(-v * _INV_SQRT2)
+        pdf = _INV_SQRT_2PI * math.exp(-0.5 * v * v)
+        out[i] = dy[i] * (cdf + v * pdf)
+
+
+@_jit
+def _gelu_grad_tanh(dy, x, out):
+    for i in range(dy.size):
+        v = x[i]
+        u = 2.0 * _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
+        # s = sigmoid(u) = 0.5 * (1 + tanh(u / 2)); d tanh = 1 - tanh^2 = 4 s (1 - s)
+        if u >= 0:
+            s = 1.0 / (1.0 + math.exp(-u))
+        else:
+            e = math.exp(u)
+            s = e / (1.0 + e)
+        du = 2.0 * _SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * v * v)
+        out[i] = dy[i] * (s + v * s * (1.0 - s) * du)
+
+
+@_jit
+def _clip_grad(dy, x, out, lo, hi):
+    for i in range(dy.size):
+        v = x[i]
+        out[i] = dy[i] if (v >= lo and v <= hi) else 0.0
+
+
+def _map2(kernel, fallback, dy, x, *args) -> np.ndarray:
+    """Run ``kernel(dy, x, out, *args)`` on same-shape, same-dtype float tiles; other
+    operands go to ``fallback()`` (the numpy forward)."""
+    if not (_is_float(dy, x) and dy.shape == x.shape and dy.dtype == x.dtype):
+        return fallback()
+    a = np.ascontiguousarray(dy).reshape(-1)
+    b = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty_like(a)
+    kernel(a, b, out, *args)
+    return out.reshape(dy.shape)
+
+
+def relu_grad(dY, X, *, alpha=0.0):
+    """dfdl.ReluGrad kernel."""
+    fallback = partial(_numpy("ReluGrad"), dY, X, alpha=alpha)
+    if not _is_float(X):
+        return fallback()
+    return _map2(_relu_grad, fallback, dY, X, X.dtype.type(alpha))
+
+
+def sigmoid_grad(dY, Y):
+    """dfdl.SigmoidGrad kernel."""
+    return _map2(_sigmoid_grad, partial(_numpy("SigmoidGrad"), dY, Y), dY, Y)
+
+
+def tanh_grad(dY, Y):
+    """dfdl.TanhGrad kernel."""
+    return _map2(_tanh_grad, partial(_numpy("TanhGrad"), dY, Y), dY, Y)
+
+
+def gelu_grad(dY, X, *, approximate="none"):
+    """dfdl.GeluGrad kernel for both approximations."""
+    fallback = partial(_numpy("GeluGrad"), dY, X, approximate=approximate)
+    if approximate not in ("none", "tanh"):
+        return fallback()
+    kernel = _gelu_grad_tanh if approximate == "tanh" else _gelu_grad_erf
+    return _map2(kernel, fallback, dY, X)
+
+
+def clip_grad(dY, X, min=None, max=None):
+    """dfdl.ClipGrad kernel (an absent bound is no bound)."""
+    fallback = partial(_numpy("ClipGrad"), dY, X, min, max)
+    if not _is_float(X):
+        return fallback()
+    lo = -np.inf if min is None else np.asarray(min).reshape(())
+    hi = np.inf if max is None else np.asarray(max).reshape(())
+    return _map2(_clip_grad, fallback, dY, X, X.dtype.type(lo), X.dtype.type(hi))

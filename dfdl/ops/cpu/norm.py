@@ -177,3 +177,203 @@ def cpu_layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_ty
     _layer_norm_rows(x, s, b, float(epsilon), y, mean, inv)
     stat = X.shape[:ax] + (1,) * (X.ndim - ax)
     return y.reshape(X.shape), mean.reshape(stat), inv.reshape(stat)
+
+
+# ----------------------------------------------------------------- backward kernels
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _bn_grad_nc(x, dy, scale, dmean, dvar, eps, dx, dscale, dbias):
+    """Training-mode batch-norm backward on (N, C, S); per-channel sums into dscale/dbias."""
+    N, C, S = x.shape
+    cnt = N * S
+    for c in range(C):
+        s1 = 0.0
+        for n in range(N):
+            for s in range(S):
+                s1 += x[n, c, s]
+        m = s1 / cnt
+        s2 = 0.0
+        for n in range(N):
+            for s in range(S):
+                d = x[n, c, s] - m
+                s2 += d * d
+        inv = 1.0 / math.sqrt(s2 / cnt + eps)
+        sdy = 0.0
+        sdyx = 0.0
+        for n in range(N):
+            for s in range(S):
+                g = dy[n, c, s]
+                sdy += g
+                sdyx += g * (x[n, c, s] - m) * inv
+        dscale[c] = sdyx
+        dbias[c] = sdy
+        a = scale[c] * inv
+        mb = sdy / cnt
+        mx = sdyx / cnt
+        # through the batch mean and variance (the running statistics' gradients)
+        cm = dmean[c] / cnt
+        cv = dvar[c] * 2.0 / cnt
+        for n in range(N):
+            for s in range(S):
+                xc = x[n, c, s] - m
+                dx[n, c, s] = a * (dy[n, c, s] - mb - xc * inv * mx) + cm + cv * xc
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _instance_norm_grad(x, dy, scale, eps, dx, dscale, dbias):
+    """Instance-norm backward on (N, C, S); dscale/dbias per (n, c)."""
+    N, C, S = x.shape
+    for n in range(N):
+        for c in range(C):
+            s1 = 0.0
+            for s in range(S):
+                s1 += x[n, c, s]
+            m = s1 / S
+            s2 = 0.0
+            for s in range(S):
+                d = x[n, c, s] - m
+                s2 += d * d
+            inv = 1.0 / math.sqrt(s2 / S + eps)
+            sdy = 0.0
+            sdyx = 0.0
+            for s in range(S):
+                g = dy[n, c, s]
+                sdy += g
+                sdyx += g * (x[n, c, s] - m) * inv
+            dscale[n, c] = sdyx
+            dbias[n, c] = sdy
+            a = scale[c] * inv
+            mb = sdy / S
+            mx = sdyx / S
+            for s in range(S):
+                dx[n, c, s] = a * (dy[n, c, s] - mb - (x[n, c, s] - m) * inv * mx)
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _layer_norm_grad_rows(x, dy, scale, dmean, dinv, eps, dx):
+    """Row-wise layer-norm backward of x (R, K) with the Mean/InvStdDev gradients."""
+    R, K = x.shape
+    for r in range(R):
+        s1 = 0.0
+        for k in range(K):
+            s1 += x[r, k]
+        m = s1 / K
+        s2 = 0.0
+        for k in range(K):
+            d = x[r, k] - m
+            s2 += d * d
+        inv = 1.0 / math.sqrt(s2 / K + eps)
+        sg = 0.0
+        sgx = 0.0
+        for k in range(K):
+            g = dy[r, k] * scale[k]
+            sg += g
+            sgx += g * (x[r, k] - m) * inv
+        mg = sg / K
+        mgx = sgx / K
+        cm = dmean[r] / K
+        # d inv / dx_k = -inv^3 (x_k - mean) / K
+        ci = -dinv[r] * inv * inv * inv / K
+        for k in range(K):
+            xc = x[r, k] - m
+            dx[r, k] = inv * (dy[r, k] * scale[k] - mg - xc * inv * mgx) + cm + ci * xc
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _layer_norm_param_grad(x, dy, eps, out):
+    """out[0, m, k] += sum_r dy * xhat, out[1, m, k] += sum_r dy over x (R, M, K) rows."""
+    R, M, K = x.shape
+    for r in range(R):
+        for j in range(M):
+            s1 = 0.0
+            for k in range(K):
+                s1 += x[r, j, k]
+            m = s1 / K
+            s2 = 0.0
+            for k in range(K):
+                d = x[r, j, k] - m
+                s2 += d * d
+            inv = 1.0 / math.sqrt(s2 / K + eps)
+            for k in range(K):
+                g = dy[r, j, k]
+                out[0, j, k] += g * (x[r, j, k] - m) * inv
+                out[1, j, k] += g
+
+
+# ----------------------------------------------------------------- backward wrappers
+
+
+def cpu_batch_normalization_grad(dY, X, scale, dMean=None, dVar=None, *, epsilon=1e-5):
+    """dfdl.BatchNormalizationGrad with a numba kernel for float32/float64 X."""
+    if X.dtype not in _FLOATS or dY is None:
+        from dfdl.ops.norm import BatchNormalizationGrad
+
+        return BatchNormalizationGrad(dY, X, scale, dMean, dVar, epsilon=epsilon)
+    x = _as_nc_s(X)
+    C = x.shape[1]
+    dx = np.empty_like(x)
+    ds, db = np.empty(C), np.empty(C)
+    dm = np.zeros(C) if dMean is None else _f64(dMean)
+    dv = np.zeros(C) if dVar is None else _f64(dVar)
+    _bn_grad_nc(x, _as_nc_s(dY), _f64(scale), dm, dv, float(epsilon), dx, ds, db)
+    return dx.reshape(X.shape), ds.astype(scale.dtype), db.astype(scale.dtype)
+
+
+def cpu_instance_normalization_grad(dY, X, scale, *, epsilon=1e-5):
+    """dfdl.InstanceNormalizationGrad with a numba kernel for float32/float64 X."""
+    if X.dtype not in _FLOATS or dY is None:
+        from dfdl.ops.norm import InstanceNormalizationGrad
+
+        return InstanceNormalizationGrad(dY, X, scale, epsilon=epsilon)
+    x = _as_nc_s(X)
+    N, C = x.shape[:2]
+    dx = np.empty_like(x)
+    ds, db = np.empty((N, C)), np.empty((N, C))
+    _instance_norm_grad(x, _as_nc_s(dY), _f64(scale), float(epsilon), dx, ds, db)
+    return dx.reshape(X.shape), ds.astype(scale.dtype), db.astype(scale.dtype)
+
+
+def cpu_layer_normalization_grad(
+    dY, X, Scale, dMean=None, dInvStdDev=None, *, axis=-1, epsilon=1e-5, stash_type=1
+):
+    """dfdl.LayerNormalizationGrad with a numba kernel (Scale within the normalized axes)."""
+    ax = axis + X.ndim if axis < 0 else axis
+    norm_shape = X.shape[ax:]
+    if X.dtype not in _FLOATS or dY is None or Scale.ndim > len(norm_shape):
+        from dfdl.ops.norm import LayerNormalizationGrad
+
+        return LayerNormalizationGrad(
+            dY, X, Scale, dMean, dInvStdDev, axis=axis, epsilon=epsilon, stash_type=stash_type
+        )
+    K = int(np.prod(norm_shape, dtype=np.int64))
+    R = int(np.prod(X.shape[:ax], dtype=np.int64))
+    x = np.ascontiguousarray(X).reshape(R, K)
+    dy = np.ascontiguousarray(dY).reshape(R, K)
+    s = _f64(np.broadcast_to(Scale, norm_shape))
+    dm = np.zeros(R) if dMean is None else _f64(dMean)
+    di = np.zeros(R) if dInvStdDev is None else _f64(dInvStdDev)
+    dx = np.empty((R, K), dtype=X.dtype)
+    _layer_norm_grad_rows(x, dy, s, dm, di, float(epsilon), dx)
+    return dx.reshape(X.shape)
+
+
+def cpu_layer_normalization_param_grad(
+    dY, X, *, axis=-1, epsilon=1e-5, stash_type=1, param_axis=None
+):
+    """dfdl.LayerNormalizationParamGrad with a numba kernel for float32/float64 X."""
+    if X.dtype not in _FLOATS:
+        from dfdl.ops.norm import LayerNormalizationParamGrad
+
+        return LayerNormalizationParamGrad(
+            dY, X, axis=axis, epsilon=epsilon, stash_type=stash_type, param_axis=param_axis
+        )
+    ax = axis + X.ndim if axis < 0 else axis
+    pa = ax if param_axis is None else (param_axis + X.ndim if param_axis < 0 else param_axis)
+    R = int(np.prod(X.shape[:pa], dtype=np.int64))
+    M = int(np.prod(X.shape[pa:ax], dtype=np.int64))
+    K = int(np.prod(X.shape[ax:], dtype=np.int64))
+    out = np.zeros((2, M, K))
+    x = np.ascontiguousarray(X).reshape(R, M, K)
+    _layer_norm_param_grad(x, np.ascontiguousarray(dY).reshape(R, M, K), float(epsilon), out)
+    return out.reshape((2, *X.shape[pa:])).astype(X.dtype)

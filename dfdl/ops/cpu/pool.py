@@ -1,4 +1,4 @@
-"""numba kernels for MaxPool / AveragePool (float32/float64, 1-D/2-D/3-D).
+"""numba kernels for MaxPool / AveragePool and their gradients (float32/float64, 1-D/2-D/3-D).
 
 Every input is viewed as ``(N*C, D, H, W)``: lower ranks get leading singleton spatial
 axes (kernel 1, stride 1, no padding), which leaves row-major and column-major flat
@@ -190,3 +190,139 @@ def AveragePool(
         "AveragePool", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
     )
     return _run(X, g, False, include_pad=count_include_pad)
+
+
+@numba.njit(cache=True)
+def _pool_grad_kernel(dy, x, dx, k, s, d, pb, pe, is_max, include_pad):
+    """Scatter ``dy`` into ``dx`` (zeroed): to the first max (``is_max``) or evenly."""
+    B, D, H, W = dx.shape
+    _, OD, OH, OW = dy.shape
+    lod, hid = _tap_ranges(OD, D, k[0], s[0], d[0], pb[0])
+    loh, hih = _tap_ranges(OH, H, k[1], s[1], d[1], pb[1])
+    low, hiw = _tap_ranges(OW, W, k[2], s[2], d[2], pb[2])
+    for b in range(B):
+        for od in range(OD):
+            z0 = od * s[0] - pb[0]
+            for oh in range(OH):
+                h0 = oh * s[1] - pb[1]
+                for ow in range(OW):
+                    w0 = ow * s[2] - pb[2]
+                    if hid[od] <= lod[od] or hih[oh] <= loh[oh] or hiw[ow] <= low[ow]:
+                        continue  # no tap inside the input
+                    g = dy[b, od, oh, ow]
+                    if is_max:
+                        # same scan as the forward: first valid tap, then strictly larger
+                        bz = z0 + lod[od] * d[0]
+                        bh = h0 + loh[oh] * d[1]
+                        bw = w0 + low[ow] * d[2]
+                        best = x[b, bz, bh, bw]
+                        for tz in range(lod[od], hid[od]):
+                            z = z0 + tz * d[0]
+                            for th in range(loh[oh], hih[oh]):
+                                h = h0 + th * d[1]
+                                for tw in range(low[ow], hiw[ow]):
+                                    w = w0 + tw * d[2]
+                                    v = x[b, z, h, w]
+                                    if v > best:
+                                        best = v
+                                        bz, bh, bw = z, h, w
+                        dx[b, bz, bh, bw] += g
+                    else:
+                        if include_pad:
+                            cz = _count_until(z0, k[0], d[0], D + pe[0])
+                            ch = _count_until(h0, k[1], d[1], H + pe[1])
+                            cw = _count_until(w0, k[2], d[2], W + pe[2])
+                        else:
+                            cz = hid[od] - lod[od]
+                            ch = hih[oh] - loh[oh]
+                            cw = hiw[ow] - low[ow]
+                        share = g / (cz * ch * cw)
+                        for tz in range(lod[od], hid[od]):
+                            z = z0 + tz * d[0]
+                            for th in range(loh[oh], hih[oh]):
+                                h = h0 + th * d[1]
+                                for tw in range(low[ow], hiw[ow]):
+                                    dx[b, z, h, w0 + tw * d[2]] += share
+
+
+def _run_grad(dY, X, shape, g: ref.PoolGeometry, is_max, include_pad=0):
+    """Run the grad kernel on ``(N*C, D, H, W)`` views; ``X`` is only read for max."""
+    N, C, *sp = shape
+    ones = (1,) * (3 - len(sp))
+    dy = np.ascontiguousarray(dY).reshape((N * C, *ones, *g.out))
+    dx = np.zeros((N * C, *ones, *sp), dY.dtype)
+    x = dx if X is None else np.ascontiguousarray(X).reshape(dx.shape)
+    _pool_grad_kernel(
+        dy,
+        x,
+        dx,
+        _as3(g.kernel, 1),
+        _as3(g.strides, 1),
+        _as3(g.dilations, 1),
+        _as3(g.pads_begin, 0),
+        _as3(g.pads_end, 0),
+        is_max,
+        bool(include_pad),
+    )
+    return dx.reshape(tuple(shape))
+
+
+def MaxPoolGrad(
+    dY,
+    X,
+    *,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """numba dfdl.MaxPoolGrad; the numpy forward for other dtypes/ranks."""
+    attrs = dict(
+        auto_pad=auto_pad,
+        ceil_mode=ceil_mode,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    if not (_supported(X) and dY.dtype == X.dtype):
+        return ref.MaxPoolGrad(dY, X, **attrs)
+    g = ref.pool_geometry(
+        "MaxPoolGrad", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return _run_grad(dY, X, X.shape, g, True)
+
+
+def AveragePoolGrad(
+    dY,
+    *,
+    input_shape=None,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    count_include_pad=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+):
+    """numba dfdl.AveragePoolGrad; the numpy forward for other dtypes/ranks."""
+    if not _supported(dY):
+        return ref.AveragePoolGrad(
+            dY,
+            input_shape=input_shape,
+            auto_pad=auto_pad,
+            ceil_mode=ceil_mode,
+            count_include_pad=count_include_pad,
+            dilations=dilations,
+            kernel_shape=kernel_shape,
+            pads=pads,
+            strides=strides,
+        )
+    sp = tuple(int(v) for v in input_shape[2:])
+    g = ref.pool_geometry(
+        "AveragePoolGrad", sp, kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    shape = tuple(int(v) for v in input_shape)
+    return _run_grad(dY, None, shape, g, False, include_pad=count_include_pad)

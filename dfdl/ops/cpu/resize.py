@@ -1,8 +1,9 @@
-"""numba kernel for Resize mode "linear" (float32/float64): one pass per resized axis.
+"""numba kernels for Resize mode "linear" and its adjoint (float32/float64), per axis.
 
 Each pass views the tensor as ``(outer, L, inner)`` and computes
 ``out[o, j, i] = sum_k w[j, k] * x[o, idx[j, k], i]`` with a float64 accumulator;
 intermediate passes keep the input dtype. Other modes and dtypes use the numpy forward.
+``ResizeGrad`` runs the adjoint passes (last axis first) as float64 scatter-adds.
 """
 
 from __future__ import annotations
@@ -115,3 +116,80 @@ def Resize(
             _resize_axis(y.reshape(outer, L, inner), out.reshape(outer, plan.out[a], inner), *args)
         y = out
     return X.copy() if y is X else y
+
+
+@numba.njit(cache=True)
+def _scatter_axis(g, out, idx, w):
+    """Adjoint of one pass: ``out[o, idx[j, k], i] += w[j, k] * g[o, j, i]`` (out zeroed)."""
+    O, J, I = g.shape
+    n = idx.shape[1]
+    for o in range(O):
+        for j in range(J):
+            for k in range(n):
+                wk = w[j, k]
+                if wk == 0.0:
+                    continue
+                src = idx[j, k]
+                for i in range(I):
+                    out[o, src, i] += wk * g[o, j, i]
+
+
+def ResizeGrad(
+    dY,
+    roi=None,
+    scales=None,
+    sizes=None,
+    *,
+    input_shape=None,
+    antialias=0,
+    axes=None,
+    coordinate_transformation_mode="half_pixel",
+    cubic_coeff_a=-0.75,
+    exclude_outside=0,
+    extrapolation_value=0.0,
+    keep_aspect_ratio_policy="stretch",
+    mode="nearest",
+    nearest_mode="round_prefer_floor",
+):
+    """numba dfdl.ResizeGrad (float64 accumulation); the numpy forward for other dtypes."""
+    if dY.dtype not in _KERNEL_DTYPES:
+        return ref.ResizeGrad(
+            dY,
+            roi,
+            scales,
+            sizes,
+            input_shape=input_shape,
+            antialias=antialias,
+            axes=axes,
+            coordinate_transformation_mode=coordinate_transformation_mode,
+            cubic_coeff_a=cubic_coeff_a,
+            exclude_outside=exclude_outside,
+            extrapolation_value=extrapolation_value,
+            keep_aspect_ratio_policy=keep_aspect_ratio_policy,
+            mode=mode,
+            nearest_mode=nearest_mode,
+        )
+    ref.check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
+    shape = tuple(int(v) for v in input_shape)
+    plan = ref.resize_plan(
+        shape, roi, scales, sizes, axes, keep_aspect_ratio_policy, coordinate_transformation_mode
+    )
+    attrs = dict(
+        mode=mode,
+        coordinate_transformation_mode=coordinate_transformation_mode,
+        nearest_mode=nearest_mode,
+        antialias=antialias,
+        exclude_outside=exclude_outside,
+    )
+    g = np.ascontiguousarray(dY, dtype=np.float64)
+    for a, L, idx, w in ref.adjoint_passes(plan, shape, attrs):
+        outer, inner = math.prod(g.shape[:a]), math.prod(g.shape[a + 1 :])
+        out = np.zeros(g.shape[:a] + (L,) + g.shape[a + 1 :])
+        _scatter_axis(
+            g.reshape(outer, g.shape[a], inner),
+            out.reshape(outer, L, inner),
+            idx.astype(np.int64),
+            np.ascontiguousarray(w, dtype=np.float64),
+        )
+        g = out
+    return g.astype(dY.dtype)

@@ -94,3 +94,108 @@ def cpu_log_softmax(input, *, axis=-1):
 
         return LogSoftmax(input, axis=axis)
     return _run_rows(input, True)
+
+
+# ----------------------------------------------------------------- backward kernels
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _softmax_grad_rows(dy, y, dx):
+    """dx[r, :] = y[r, :] * (dy[r, :] - sum(dy[r, :] * y[r, :]))."""
+    rows, n = y.shape
+    for r in range(rows):
+        s = 0.0
+        for j in range(n):
+            s += dy[r, j] * y[r, j]
+        for j in range(n):
+            dx[r, j] = y[r, j] * (dy[r, j] - s)
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _log_softmax_grad_rows(dy, y, dx):
+    """dx[r, :] = dy[r, :] - exp(y[r, :]) * sum(dy[r, :])."""
+    rows, n = y.shape
+    for r in range(rows):
+        s = 0.0
+        for j in range(n):
+            s += dy[r, j]
+        for j in range(n):
+            dx[r, j] = dy[r, j] - math.exp(y[r, j]) * s
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _sce_grad(x, labels, coef, dx):
+    """dx[n, :, s] = coef[n, s] * (softmax(x[n, :, s]) - onehot(labels[n, s])).
+
+    x is (N, C, S); the class axis is strided, so each batch row works on S-vectors.
+    """
+    N, C, S = x.shape
+    mx = np.empty(S)
+    sm = np.empty(S)
+    for n in range(N):
+        for s in range(S):
+            mx[s] = -np.inf
+            sm[s] = 0.0
+        for c in range(C):
+            for s in range(S):
+                if x[n, c, s] > mx[s]:
+                    mx[s] = x[n, c, s]
+        for c in range(C):
+            for s in range(S):
+                sm[s] += math.exp(x[n, c, s] - mx[s])
+        for s in range(S):
+            sm[s] = coef[n, s] / sm[s]
+        for c in range(C):
+            for s in range(S):
+                v = math.exp(x[n, c, s] - mx[s]) * sm[s]
+                if labels[n, s] == c:
+                    v -= coef[n, s]
+                dx[n, c, s] = v
+
+
+# ----------------------------------------------------------------- backward wrappers
+
+
+def _grad_rows(kernel, dY, Y):
+    n = Y.shape[-1]
+    y = np.ascontiguousarray(Y).reshape(-1, n)
+    dy = np.ascontiguousarray(dY).reshape(-1, n)
+    dx = np.empty_like(y)
+    kernel(dy, y, dx)
+    return dx.reshape(Y.shape)
+
+
+def cpu_softmax_grad(dY, Y, *, axis=-1):
+    """dfdl.SoftmaxGrad with a row kernel on the last axis; numpy forward otherwise."""
+    if not _use_kernel(Y, axis):
+        from dfdl.ops.norm import SoftmaxGrad
+
+        return SoftmaxGrad(dY, Y, axis=axis)
+    return _grad_rows(_softmax_grad_rows, dY, Y)
+
+
+def cpu_log_softmax_grad(dY, Y, *, axis=-1):
+    """dfdl.LogSoftmaxGrad with a row kernel on the last axis; numpy forward otherwise."""
+    if not _use_kernel(Y, axis):
+        from dfdl.ops.norm import LogSoftmaxGrad
+
+        return LogSoftmaxGrad(dY, Y, axis=axis)
+    return _grad_rows(_log_softmax_grad_rows, dY, Y)
+
+
+def cpu_softmax_cross_entropy_loss_grad(
+    dloss, scores, labels, weights=None, *, ignore_index=None, reduction="mean"
+):
+    """dfdl.SoftmaxCrossEntropyLossGrad with a numba kernel for float32/float64 scores."""
+    from dfdl.ops.loss import SoftmaxCrossEntropyLossGrad, loss_coefficients
+
+    if scores.dtype not in _FLOATS or scores.size == 0:
+        return SoftmaxCrossEntropyLossGrad(
+            dloss, scores, labels, weights, ignore_index=ignore_index, reduction=reduction
+        )
+    coef, safe = loss_coefficients(dloss, labels, weights, reduction, ignore_index)
+    N, C = scores.shape[:2]
+    x = np.ascontiguousarray(scores).reshape(N, C, -1)
+    dx = np.empty_like(x)
+    _sce_grad(x, safe.reshape(N, -1), np.ascontiguousarray(coef).reshape(N, -1), dx)
+    return dx.reshape(scores.shape)

@@ -1,0 +1,179 @@
+"""Fused optimizer update ops (``dfdl`` domain): one pass over param, grad and state.
+
+``dfdl.SGDUpdate`` and ``dfdl.AdamUpdate`` apply one step of ``torch.optim.SGD`` and
+``torch.optim.Adam``/``AdamW`` to a tensor, reproducing torch's single-tensor (CPU)
+code path operation by operation in the parameter's dtype, so results agree with
+torch to float rounding. Hyperparameters that never change are attributes; values that
+change from step to step (learning rate, bias corrections) are 0-d inputs computed on
+the host by :mod:`dfdl.optim`. Both ops are elementwise: every output tile needs only
+the same tile of each tensor input, so updates tile exactly like the parameter.
+
+They are not differentiable (updates are never differentiated).
+
+Example:
+    >>> p = np.ones(3, np.float32); g = np.full(3, 0.5, np.float32)
+    >>> SGDUpdate(p, g, np.float32(0.1))
+    array([0.95, 0.95, 0.95], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dfdl.errors import ShapeError, UnsupportedOpError
+from dfdl.ops.common import elementwise_tile
+from dfdl.ops.cpu import optim as cpu
+from dfdl.ops.registry import DFDL_DOMAIN, TensorType, register
+
+
+def _check_same(op: str, inputs, names: tuple[str, ...]) -> None:
+    """Tensor inputs (present ones) must all have the parameter's type."""
+    p = inputs[0]
+    if p.dtype.kind != "f":
+        raise ShapeError(f"{op}: the parameter must be a float tensor, got {p.dtype}")
+    for t, name in zip(inputs[1:], names[1:]):
+        if t is not None and (t.shape != p.shape or t.dtype != p.dtype):
+            raise ShapeError(
+                f"{op}: {name} has type {list(t.shape)} {t.dtype}, the parameter "
+                f"{list(p.shape)} {p.dtype}",
+                name=name,
+                expected=p.shape,
+                given=t.shape,
+            )
+
+
+def _check_scalars(op: str, inputs, names: tuple[str, ...]) -> None:
+    for t, name in zip(inputs, names):
+        if t is not None and (t.rank != 0 or t.dtype.kind != "f"):
+            raise ShapeError(
+                f"{op}: {name} must be a 0-d float tensor, got {list(t.shape)} {t.dtype}",
+                name=name,
+            )
+
+
+# --------------------------------------------------------------------------- SGDUpdate
+
+
+def _sgd_shape(inputs, consts, *, momentum=0.0, dampening=0.0, nesterov=0, weight_decay=0.0):
+    inputs = list(inputs) + [None] * (5 - len(inputs))
+    _check_same("SGDUpdate", [inputs[0], inputs[1], inputs[3]], ("param", "grad", "buffer"))
+    _check_scalars("SGDUpdate", [inputs[2], inputs[4]], ("lr", "first"))
+    if momentum != 0 and (inputs[3] is None or inputs[4] is None):
+        raise UnsupportedOpError(
+            "SGDUpdate: momentum != 0 needs the momentum_buffer and first inputs",
+            op_type="SGDUpdate",
+            domain=DFDL_DOMAIN,
+        )
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise UnsupportedOpError(
+            "SGDUpdate: nesterov needs momentum > 0 and dampening == 0",
+            op_type="SGDUpdate",
+            domain=DFDL_DOMAIN,
+        )
+    p = inputs[0]
+    return [p, TensorType(p.shape, p.dtype)] if momentum != 0 else [p]
+
+
+@register(
+    "SGDUpdate",
+    domain=DFDL_DOMAIN,
+    shape=_sgd_shape,
+    tile=elementwise_tile,
+    kernels={"cpu": cpu.sgd_update},
+    differentiable=False,
+)
+def SGDUpdate(
+    param,
+    grad,
+    lr,
+    momentum_buffer=None,
+    first=None,
+    *,
+    momentum=0.0,
+    dampening=0.0,
+    nesterov=0,
+    weight_decay=0.0,
+):
+    """One ``torch.optim.SGD`` step; returns the new param (and buffer when momentum != 0).
+
+    ``first`` (0-d) is nonzero at the optimizer's first step, where torch initializes
+    the momentum buffer to the (weight-decayed) gradient itself, undampened.
+    """
+    dt = param.dtype.type
+    g = grad
+    if weight_decay != 0:
+        g = g + dt(weight_decay) * param
+    buf = None
+    if momentum != 0:
+        if float(first) != 0:
+            buf = np.array(g, copy=True)
+        else:
+            buf = momentum_buffer * dt(momentum) + dt(1.0 - dampening) * g
+        g = g + dt(momentum) * buf if nesterov else buf
+    new = param + (-dt(lr)) * g
+    return (new, buf) if momentum != 0 else new
+
+
+# -------------------------------------------------------------------------- AdamUpdate
+
+
+def _adam_shape(inputs, consts, *, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+    inputs = list(inputs) + [None] * (7 - len(inputs))
+    _check_same("AdamUpdate", inputs[:4], ("param", "grad", "exp_avg", "exp_avg_sq"))
+    if inputs[2] is None or inputs[3] is None:
+        raise ShapeError("AdamUpdate: exp_avg and exp_avg_sq are required inputs")
+    _check_scalars("AdamUpdate", inputs[4:7], ("step_size", "bias_correction2_sqrt", "decay"))
+    if inputs[4] is None or inputs[5] is None:
+        raise ShapeError("AdamUpdate: step_size and bias_correction2_sqrt are required inputs")
+    p = inputs[0]
+    return [p, TensorType(p.shape, p.dtype), TensorType(p.shape, p.dtype)]
+
+
+def _lerp(start, end, weight):
+    """torch.lerp's formula: two forms, whichever is exact at its end of [0, 1]."""
+    if abs(weight) < 0.5:
+        return start + weight * (end - start)
+    return end - (end - start) * (type(weight)(1.0) - weight)
+
+
+@register(
+    "AdamUpdate",
+    domain=DFDL_DOMAIN,
+    shape=_adam_shape,
+    tile=elementwise_tile,
+    kernels={"cpu": cpu.adam_update},
+    differentiable=False,
+)
+def AdamUpdate(
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    step_size,
+    bias_correction2_sqrt,
+    decay=None,
+    *,
+    beta1=0.9,
+    beta2=0.999,
+    eps=1e-8,
+    weight_decay=0.0,
+):
+    """One ``torch.optim.Adam`` step (``AdamW`` when ``decay`` is given).
+
+    Returns ``(param, exp_avg, exp_avg_sq)``. ``step_size = lr / (1 - beta1**t)`` and
+    ``bias_correction2_sqrt = (1 - beta2**t) ** 0.5`` come from the host; ``decay`` is
+    AdamW's ``1 - lr * weight_decay`` (decoupled decay, applied to the param first);
+    ``weight_decay`` is Adam's L2 term added to the gradient.
+    """
+    dt = param.dtype.type
+    p = param
+    if decay is not None:
+        p = p * dt(decay)
+    g = grad
+    if weight_decay != 0:
+        g = g + dt(weight_decay) * p
+    m = _lerp(exp_avg, g, dt(1.0 - beta1))
+    v = exp_avg_sq * dt(beta2) + dt(1.0 - beta2) * g * g
+    denom = np.sqrt(v) / dt(bias_correction2_sqrt) + dt(eps)
+    new = p + (-dt(step_size)) * m / denom
+    return new, m, v

@@ -1,0 +1,275 @@
+"""The training loop: weights and optimizer state live on the cluster between steps.
+
+Each submission unrolls ``unroll`` steps into one task graph: step ``k+1`` reads step
+``k``'s new parameters by task reference, the batch tiles travel inside the graph, and
+the submission asks only for the last step's carried values (as Futures, which stay on
+the workers) and every step's loss. The next submission is made before the previous
+one finishes, so the scheduler overlaps them; losses are gathered a submission late,
+in bulk, never with a round trip per step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from dask.task_spec import DataNode, Task, TaskRef
+
+from dfdl.errors import TrainingError
+from dfdl.graph.lower import Picked, lower, split_tiles, tile_regions
+from dfdl.graph.tiling import Plan
+from dfdl.graph.training import TrainingGraph, node_seed
+
+#: batch tiles above this size are scattered rather than embedded in the graph
+EMBED_BYTES = 4 * 2**20
+
+
+@dataclass
+class StepPlan:
+    """A training graph and its tiling, for one batch size."""
+
+    tg: TrainingGraph
+    plan: Plan
+
+
+@dataclass
+class ClusterState:
+    """Where the carried tensors (params, optimizer state, buffers) live now.
+
+    ``refs[name]`` maps tile index to a Future (or :class:`Picked` Future);
+    ``chunks[name]`` is the chunking of those tiles.
+    """
+
+    refs: dict[str, dict[tuple[int, ...], Any]]
+    chunks: dict[str, tuple]
+    keep: list = field(default_factory=list)
+
+    @classmethod
+    def scatter(cls, client, values: Mapping[str, np.ndarray], chunks: Mapping[str, tuple]):
+        data, where = {}, {}
+        for name, v in values.items():
+            for idx, tile in split_tiles(np.asarray(v), chunks[name]).items():
+                key = f"dfdl-init-{name}-{'.'.join(map(str, idx))}"
+                data[key] = tile
+                where[(name, idx)] = key
+        futures = client.scatter(data, hash=False) if data else {}
+        refs: dict[str, dict] = {n: {} for n in values}
+        for (name, idx), key in where.items():
+            refs[name][idx] = futures[key]
+        return cls(refs, {n: chunks[n] for n in values}, list(futures.values()))
+
+    def gather(self, client, types) -> dict[str, np.ndarray]:
+        """The carried tensors as numpy arrays (one round trip)."""
+        flat = [(n, idx, r) for n, tiles in self.refs.items() for idx, r in tiles.items()]
+        futs = [r.ref if isinstance(r, Picked) else r for _, _, r in flat]
+        got = client.gather(futs)
+        out = {}
+        for (name, idx, r), v in zip(flat, got):
+            if name not in out:
+                out[name] = np.empty(types[name].shape, dtype=types[name].dtype)
+            out[name][tile_regions(self.chunks[name])[idx]] = v[r.pos] if isinstance(r, Picked) else v
+        return out
+
+
+def _batch_sources(plan: Plan, arrays: Mapping[str, np.ndarray], step: int, client, dsk, keep):
+    sources = {}
+    big = {}
+    for name, value in arrays.items():
+        refs = {}
+        for idx, tile in split_tiles(value, plan.chunks[name]).items():
+            key = (f"{name}-input", step, *idx)
+            if tile.nbytes > EMBED_BYTES:
+                big[key] = tile
+            else:
+                dsk[key] = DataNode(key, tile)
+            refs[idx] = TaskRef(key)
+        sources[name] = refs
+    if big:
+        futures = client.scatter(big, hash=False)
+        keep.extend(futures.values())
+        for refs in sources.values():
+            for idx, r in refs.items():
+                if r.key in futures:
+                    refs[idx] = futures[r.key]
+    return sources
+
+
+@dataclass
+class StepInput:
+    """Everything one step needs from the host."""
+
+    step: int
+    arrays: dict[str, np.ndarray]  # batch data and labels
+    scalars: dict[str, float]
+
+
+def run_steps(
+    client,
+    plans: Callable[[int], StepPlan],
+    steps: list[StepInput],
+    state: ClusterState,
+    constants: Constants,
+    *,
+    seed: int,
+) -> tuple[ClusterState, list[tuple[int, Any]]]:
+    """Submit ``steps`` as one graph; returns the new state and (step, loss future) pairs."""
+    dsk: dict = {}
+    keep: list = []
+    refs = dict(state.refs)
+    chunks = dict(state.chunks)
+    loss_keys: list[tuple[int, Any]] = []
+    for s in steps:
+        sp = plans(len(next(iter(s.arrays.values()))))
+        tg, plan = sp.tg, sp.plan
+        sources = _batch_sources(plan, s.arrays, s.step, client, dsk, keep)
+        for name, value in s.scalars.items():
+            key = (f"{name}-input", s.step)
+            dsk[key] = DataNode(key, np.asarray(value, dtype=np.float32))
+            sources[name] = {(): TaskRef(key)}
+        for name in tg.carried():
+            sources[name] = _rechunked(refs[name], chunks[name], plan.chunks[name], name, dsk, s.step)
+        for name in _read_constants(plan):
+            sources[name] = constants.tiles(name, plan.graph.initializers[name], plan.chunks[name])
+        overrides = {n: {"seed": node_seed(seed, n, s.step)} for n in tg.dropout}
+        tasks, outs = lower(plan, sources, step=s.step, attrs=overrides)
+        dsk.update(tasks)
+        for name in tg.carried():
+            new = tg.new[name]
+            refs[name] = {
+                idx: TaskRef(key) if pos is None else Picked(TaskRef(key), pos)
+                for idx, (key, pos) in outs[new].items()
+            }
+            chunks[name] = plan.chunks[new]
+        ((_, (lkey, lpos)),) = outs[tg.loss].items()
+        loss_keys.append((s.step, (lkey, lpos)))
+    wanted = sorted(
+        {_key(r) for tiles in refs.values() for r in tiles.values()} | {k for _, (k, _) in loss_keys},
+        key=str,
+    )
+    futures = dict(zip(wanted, client.get(dsk, wanted, sync=False)))
+    new_refs = {
+        name: {idx: _as_future(r, futures) for idx, r in tiles.items()}
+        for name, tiles in refs.items()
+    }
+    losses = [(step, (futures[k], pos)) for step, (k, pos) in loss_keys]
+    return ClusterState(new_refs, chunks, keep), losses
+
+
+class Constants:
+    """Constant tensors (folded constants, frozen weights) scattered once per chunking."""
+
+    def __init__(self, client):
+        self.client = client
+        self.cache: dict[tuple, dict] = {}
+
+    def tiles(self, name: str, value: np.ndarray, chunks: tuple) -> dict:
+        key = (name, tuple(chunks))
+        if key not in self.cache:
+            self.cache[key] = ClusterState.scatter(self.client, {name: value}, {name: chunks}).refs[
+                name
+            ]
+        return self.cache[key]
+
+
+def _read_constants(plan: Plan) -> list[str]:
+    """Initializers that some node reads as tiles (not as whole plan-time parameters)."""
+    g = plan.graph
+    out = []
+    for np_ in plan.nodes:
+        for name, spec in zip(np_.node.inputs, np_.spec.inputs):
+            if name in g.initializers and spec is not None and name not in out:
+                out.append(name)
+    return out
+
+
+def _key(r) -> Any:
+    r = r.ref if isinstance(r, Picked) else r
+    return r.key
+
+
+def _as_future(r, futures):
+    if isinstance(r, Picked):
+        return Picked(futures[r.ref.key], r.pos)
+    return futures[r.key]
+
+
+def _rechunked(tiles, have, want, name, dsk, step):
+    """Tiles of a carried tensor in the chunking the plan wants (assembled if needed)."""
+    if tuple(have) == tuple(want):
+        return tiles
+    have_regions = tile_regions(have)
+    out = {}
+    for idx, region in tile_regions(want).items():
+        pieces, args = [], []
+        for hidx, hreg in have_regions.items():
+            inter = [
+                (max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(region, hreg)
+            ]
+            if any(lo >= hi for lo, hi in inter):
+                continue
+            ref = tiles[hidx]
+            args.append(ref.ref if isinstance(ref, Picked) else ref)
+            src = tuple(slice(lo - h.start, hi - h.start) for (lo, hi), h in zip(inter, hreg))
+            dst = tuple(slice(lo - r.start, hi - r.start) for (lo, hi), r in zip(inter, region))
+            pieces.append((len(args) - 1, ref.pos if isinstance(ref, Picked) else None, src, dst))
+        shape = tuple(r.stop - r.start for r in region)
+        key = (f"{name}-rechunk", step, *idx)
+        dsk[key] = Task(key, _assemble, shape, tuple(pieces), *args)
+        out[idx] = TaskRef(key)
+    return out
+
+
+def _assemble(shape, pieces, *args):
+    first = args[pieces[0][0]] if pieces[0][1] is None else args[pieces[0][0]][pieces[0][1]]
+    out = np.empty(shape, dtype=first.dtype)
+    for k, pos, src, dst in pieces:
+        part = args[k] if pos is None else args[k][pos]
+        out[dst] = part[src]
+    return out
+
+
+class LossCollector:
+    """Gathers loss futures in bulk, a submission late; raises on a non-finite loss."""
+
+    def __init__(self, client, on_loss: Callable[[int, float], None]):
+        self.client = client
+        self.pending: list[tuple[int, Any]] = []
+        self.on_loss = on_loss
+        self.values: dict[int, float] = {}
+
+    def add(self, losses: list[tuple[int, Any]]) -> None:
+        self.pending.extend(losses)
+
+    def collect(self, keep_last: int = 0) -> None:
+        """Gather all pending losses except the newest ``keep_last``."""
+        n = len(self.pending) - keep_last
+        if n <= 0:
+            return
+        batch, self.pending = self.pending[:n], self.pending[n:]
+        got = self.client.gather([f for _, (f, _) in batch])
+        for (step, (_, pos)), v in zip(batch, got):
+            value = float(np.asarray(v if pos is None else v[pos]))
+            if not math.isfinite(value):
+                raise TrainingError(
+                    f"the loss is {value} at step {step}; training stopped. Lower the "
+                    "learning rate, enable gradient clipping (clip_norm=) or check the data "
+                    "for NaN/Inf."
+                )
+            self.values[step] = value
+            self.on_loss(step, value)
+
+
+class Throughput:
+    """Samples per second over the recent steps, for the progress bar."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.samples = 0
+
+    def add(self, n: int) -> float:
+        self.samples += n
+        return self.samples / max(time.perf_counter() - self.t0, 1e-9)

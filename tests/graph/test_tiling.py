@@ -1,0 +1,227 @@
+"""The tiling planner: chunk helpers, batch/model splits, contractions, summaries."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import dfdl
+from dfdl.errors import PlanError
+from dfdl.graph.tiling import (
+    MIN_TILE_BYTES,
+    REDUCE_FAN_IN,
+    even_chunks,
+    make_plan,
+    uneven_chunks,
+)
+from dfdl.models import ZOO
+from tests.graph.helpers import plan_sources
+
+MLP = (16, 32, 32, 5)
+
+PLAN_CASES = {
+    "mlp": (dict(sizes=MLP), {}),
+    "resnet": (dict(image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1), {}),
+    "unet3d": (dict(base=2, levels=2, volume=4), {}),
+    "transformer": (dict(vocab=20, d_model=16, heads=2, ff=32, layers=1, seq=6), {"seq": 6}),
+}
+
+
+# ---- chunk helpers ------------------------------------------------------------------------
+
+
+def test_even_chunks():
+    for size in range(0, 40):
+        for parts in (1, 2, 3, 4, 7, 64):
+            ch = even_chunks(size, parts)
+            assert sum(ch) == size
+            assert len(ch) == (max(1, min(parts, size)) if size else 1)
+            assert max(ch) - min(ch) <= 1
+            assert list(ch) == sorted(ch, reverse=True)  # larger chunks first
+            assert size == 0 or min(ch) >= 1
+
+
+def test_uneven_chunks():
+    for size in range(0, 40):
+        ch = uneven_chunks(size)
+        assert sum(ch) == size
+        if size < 3:
+            assert ch == (size,)
+            continue
+        assert len(ch) >= 2 and min(ch) >= 1
+        assert len(set(ch)) > 1, "the point is unequal chunks"
+        assert ch[0] == max(ch) and ch[0] == (size + 1) // 2
+
+
+def test_chunk_examples():
+    assert uneven_chunks(3) == (2, 1)
+    assert uneven_chunks(5) == (3, 1, 1)
+    assert uneven_chunks(8) == (4, 2, 2)
+    assert even_chunks(10, 4) == (3, 3, 2, 2)
+    assert even_chunks(3, 8) == (1, 1, 1)
+
+
+# ---- batch and model splits ----------------------------------------------------------------
+
+
+def assert_chunks_cover_shapes(plan) -> None:
+    for name, ch in plan.chunks.items():
+        shape = plan.graph.types[name].shape
+        assert tuple(sum(c) for c in ch) == shape, name
+        assert all(len(c) >= 1 and min(c) >= 0 for c in ch), name
+
+
+@pytest.fixture(scope="module")
+def mlp_plan():
+    return dfdl.plan(ZOO["mlp"](sizes=MLP), batch_size=16, tiles={"batch": 4, "model": 2})
+
+
+def test_batch_and_model_split_on_the_mlp(mlp_plan):
+    p = mlp_plan
+    assert_chunks_cover_shapes(p)
+    assert p.chunks["x"] == ((4, 4, 4, 4), (16,))
+    for act in ("layers.0", "layers.0.relu", "layers.1", "layers.1.relu"):
+        assert p.chunks[act] == ((4, 4, 4, 4), (16, 16)), act
+    assert p.chunks["logits"] == ((4, 4, 4, 4), (3, 2))
+    # weights (out, in): output features split 2-way; input features follow the producer
+    assert p.chunks["layers.0.weight"] == ((16, 16), (16,))
+    assert p.chunks["layers.1.weight"] == ((16, 16), (16, 16))
+    assert p.chunks["layers.2.weight"] == ((3, 2), (16, 16))
+    for i, n in enumerate((32, 32, 5)):
+        assert p.chunks[f"layers.{i}.bias"] == (even_chunks(n, 2),)
+
+
+def test_batch_only_and_model_only():
+    model = ZOO["mlp"](sizes=MLP)
+    p = dfdl.plan(model, batch_size=6, tiles={"batch": 3})
+    assert p.chunks["layers.1.relu"] == ((2, 2, 2), (32,))
+    assert p.chunks["layers.1.weight"] == ((32,), (32,))
+    p = dfdl.plan(model, batch_size=6, tiles={"model": 4})
+    assert p.chunks["layers.1.relu"] == ((6,), (8, 8, 8, 8))
+    assert p.chunks["x"] == ((6,), (16,))
+    p = dfdl.plan(model, batch_size=6, tiles={"batch": 1, "model": 1})
+    assert all(len(c) == 1 for ch in p.chunks.values() for c in ch)
+    assert p.n_tasks() == len(p.nodes)
+
+
+def test_more_tiles_than_rows_are_capped():
+    p = dfdl.plan(ZOO["mlp"](sizes=MLP), batch_size=3, tiles={"batch": 8})
+    assert p.chunks["x"][0] == (1, 1, 1)
+
+
+def test_contracted_gemm_axes_give_partials_and_sums(mlp_plan):
+    p = mlp_plan
+    by_name = {n.node.name: n for n in p.nodes}
+    first, second = by_name["layers.0"], by_name["layers.1"]
+    assert first.spec.contracted() == ["k"] and second.spec.contracted() == ["k"]
+    # layer 0 reads x, whose features are not split: one product per output tile
+    assert first.letters["k"] == (16,) and first.n_partials() == 1
+    assert first.n_tasks() == first.n_tiles() == 4 * 2
+    # layer 1 reads model-split activations: 2 partial products + 1 sum per output tile
+    assert second.letters["k"] == (16, 16) and second.n_partials() == 2
+    assert second.n_tasks() == 8 * (2 + 1)
+    assert p.n_tasks() == sum(n.n_tasks() for n in p.nodes) == 8 + 8 + 24 + 8 + 24
+
+    from dfdl.graph.lower import lower
+
+    dsk, _ = lower(p, plan_sources(p))
+    partials = [k for k in dsk if k[0] == "layers.1-fwd-partial"]
+    finals = [k for k in dsk if k[0] == "layers.1-fwd"]
+    assert len(partials) == 16 and len(finals) == 8
+    for k in finals:
+        assert dsk[k].dependencies == {(f"{k[0]}-partial", *k[1:], c) for c in range(2)}
+    assert not [k for k in dsk if k[0] == "layers.0-fwd-partial"]
+    assert len(dsk) == p.n_tasks()
+
+
+@pytest.mark.parametrize("parts", [2, 4, 5, 9, 16, 17])
+def test_task_count_includes_the_reduction_tree(parts):
+    model = ZOO["mlp"](sizes=(8, 64, 64, 4))
+    p = dfdl.plan(model, batch_size=2, tiles={"model": parts})
+    (np_,) = [n for n in p.nodes if n.node.name == "layers.1"]
+    assert np_.n_partials() == parts
+    combines, level = 0, parts
+    while level > 1:
+        level = math.ceil(level / REDUCE_FAN_IN)
+        combines += level
+    assert np_.n_tasks() == np_.n_tiles() * (parts + combines)
+
+
+# ---- summary and sizes ------------------------------------------------------------------------
+
+
+def test_summary_lists_every_tensor_the_task_count_and_largest_task(mlp_plan):
+    p = mlp_plan
+    text = p.summary()
+    lines = text.splitlines()
+    assert f"{p.n_tasks()} tasks" in lines[0] and f"{len(p.nodes)} nodes" in lines[0]
+    name, nbytes = p.largest_task()
+    assert name in lines[1] and "largest task" in lines[1]
+    assert f"{nbytes / 1024:.1f} KiB" in lines[1]
+    listed = {line.split()[0] for line in lines[3:]}
+    assert listed == set(p.chunks)
+    assert len(lines) == 3 + len(p.chunks)
+    row = next(line for line in lines if line.startswith("layers.2.weight "))
+    assert "[5, 32]" in row and "float32" in row and "(3,2)x2*16" in row
+    assert next(line for line in lines if line.startswith("x ")).split()[-1] == "4*4x16"
+
+
+def test_task_bytes_are_the_largest_tile_in_plus_out(mlp_plan):
+    p = mlp_plan
+    f = 4  # float32
+    # layers.0: x tile (4, 16) + weight tile (16, 16) + bias tile (16,) + output (4, 16)
+    assert p.task_bytes["layers.0"] == f * (4 * 16 + 16 * 16 + 16 + 4 * 16)
+    # layers.2: x tile (4, 16) + weight tile (3, 16) + bias (3,) + output (4, 3)
+    assert p.task_bytes["layers.2"] == f * (4 * 16 + 3 * 16 + 3 + 4 * 3)
+    assert p.largest_task() == ("layers.0", p.task_bytes["layers.0"])
+    untiled = dfdl.plan(ZOO["mlp"](sizes=MLP), batch_size=16, tiles={"batch": 1})
+    assert untiled.task_bytes["layers.0"] == f * (16 * 16 + 32 * 16 + 32 + 16 * 32)
+    assert untiled.largest_task()[1] > p.largest_task()[1]
+
+
+def test_uneven_tiling_of_the_mlp():
+    p = dfdl.plan(ZOO["mlp"](sizes=MLP), batch_size=5, tiles="uneven")
+    assert_chunks_cover_shapes(p)
+    assert p.chunks["layers.0"] == ((3, 1, 1), (16, 8, 8))
+    assert p.chunks["logits"] == ((3, 1, 1), (3, 1, 1))
+
+
+def test_automatic_tiles_follow_cores_and_size():
+    model = ZOO["mlp"](sizes=(256, 512, 10))
+    graph = dfdl.plan(model, batch_size=1024, tiles={"batch": 1}).graph
+    biggest = max(t.nbytes for t in graph.types.values())
+    assert biggest // MIN_TILE_BYTES >= 4
+    assert make_plan(graph, None, cores=4).chunks["x"][0] == (256,) * 4
+    assert make_plan(graph, None, cores=1).chunks["x"][0] == (1024,)
+    tiny = dfdl.plan(ZOO["mlp"](sizes=(4, 3)), batch_size=8, workers=8)
+    assert tiny.chunks["x"][0] == (8,), "tiles below MIN_TILE_BYTES are not split"
+
+
+@pytest.mark.parametrize("name", PLAN_CASES)
+def test_plan_every_zoo_model(name):
+    kw, dims = PLAN_CASES[name]
+    model = ZOO[name](**kw)
+    for tiles in (None, "uneven", {"batch": 2, "model": 2}):
+        p = dfdl.plan(model, batch_size=4, tiles=tiles, dims=dims, workers=2)
+        assert_chunks_cover_shapes(p)
+        assert p.n_tasks() >= len(p.nodes) > 0
+        assert set(p.graph.outputs) <= set(p.chunks)
+        assert p.graph.types["logits"].shape[0] == 4
+        assert p.largest_task()[1] > 0
+        assert p.summary().count("\n") == 2 + len(p.chunks)
+    split = dfdl.plan(model, batch_size=4, tiles={"batch": 2}, dims=dims)
+    (first_input,) = split.graph.inputs
+    assert split.chunks[first_input][0] == (2, 2)
+
+
+def test_plan_errors():
+    model = ZOO["mlp"](sizes=MLP)
+    with pytest.raises(PlanError, match="unknown key"):
+        dfdl.plan(model, batch_size=2, tiles={"batch": 2, "heads": 2})
+    with pytest.raises(PlanError, match="positive integer"):
+        dfdl.plan(model, batch_size=2, tiles={"model": np.float64(2.0)})
+    # numpy integers are fine
+    p = dfdl.plan(model, batch_size=4, tiles={"batch": np.int64(2)})
+    assert p.chunks["x"][0] == (2, 2)
