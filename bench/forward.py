@@ -154,7 +154,7 @@ def _machine() -> dict:
         "dask": dask.__version__,
         "onnxruntime": onnxruntime.__version__,
         "dfdl": dfdl.__version__,
-        "loadavg": os.getloadavg(),
+        "loadavg_start": os.getloadavg(),
     }
     try:
         import torch
@@ -176,15 +176,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from distributed import Client
 
     cores = default_workers()
+    machine = _machine()  # before the cluster starts: load average of other jobs
     records = []
     with local_cluster() as cluster, Client(cluster) as client:
         for name in args.model:
             records.append(bench_model(name, args.batch, args.repeat, client, cores))
             print(f"done {name}", file=sys.stderr, flush=True)
+    machine["loadavg_end"] = os.getloadavg()
     print(_table(records))
+    start, end = machine["loadavg_start"][0], machine["loadavg_end"][0]
+    print(f"{cores} cores; 1-min load average {start:.1f} at start, {end:.1f} at end")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": _machine(), "results": records}, f, indent=2)
+            json.dump({"machine": machine, "results": records}, f, indent=2)
     return records
 
 

@@ -29,8 +29,8 @@ import numpy as np
 from onnx import helper
 
 from dfdl.errors import ConfigError, ShapeError
-from dfdl.optim.optimizers import scope
 from dfdl.ops.registry import TensorType
+from dfdl.optim.optimizers import scope
 
 #: smoothing term of the Dice loss (numerator and denominator), as MONAI's default
 DICE_SMOOTH = 1e-5

@@ -16,6 +16,7 @@ from dfdl.data.order import batch_plan, steps_per_epoch
 from dfdl.data.sources import ArraySource, as_source
 from dfdl.errors import ConfigError, DataError
 from dfdl.graph.bind import bind
+from dfdl.graph.lower import new_token
 from dfdl.graph.onnx_io import ModelLike, from_ir, load_model, to_ir
 from dfdl.graph.tiling import make_plan
 from dfdl.graph.training import TrainingGraph, build_training_graph
@@ -211,11 +212,17 @@ def train(
     schedule = list(batch_plan(n, batch_size, epochs=epochs, steps=steps, shuffle=shuffle,
                                seed=seed, drop_last=drop_last, start=start))
     total = start + len(schedule)
+    # every step's lr from the schedule, so a bad schedule fails before any task
+    feeds = {
+        step: optimizer.step_feeds(step + 1, tg.scalars[0], tg.step_inputs)
+        for step, _epoch, _idx in schedule
+    }
     unroll = unroll or DEFAULT_UNROLL
     bar = _progress(progress, total, start)
     with connect(client) as c:
         carried = tg.carried()
         state = ClusterState.scatter(c, {k: values[k] for k in carried}, first.plan.chunks)
+        token = new_token()
         constants = Constants(c)
         for k in tg.frozen:  # float initializers that stay constant are inputs of the graph
             if k in tg.graph.inputs:
@@ -235,13 +242,14 @@ def train(
             arrays = {graph.inputs[0]: X.take(idx)}
             if y is not None and not model_loss:
                 arrays[tg.labels] = y.take(idx)
-            scalars = optimizer.step_feeds(step + 1, tg.scalars[0], tg.step_inputs)
-            group.append(StepInput(step, arrays, scalars))
+            group.append(StepInput(step, arrays, feeds[step]))
             last = i == len(schedule) - 1
             ckpt_now = checkpoint_every and (step + 1) % checkpoint_every == 0
             epoch_end = (step + 1) % per_epoch == 0
             if len(group) >= unroll or last or ckpt_now or (epoch_end and validation):
-                state, losses = run_steps(c, plans, group, state, constants, seed=seed)
+                state, losses = run_steps(
+                    c, plans, group, state, constants, seed=seed, token=token
+                )
                 collector.add(losses)
                 collector.collect(keep_last=len(losses))
                 group = []

@@ -13,8 +13,8 @@ from dfdl.errors import ConfigError, DfdlError
 from dfdl.graph.autodiff import GradBuilder
 from dfdl.graph.ir import Graph
 from dfdl.graph.tiling import make_plan
-from dfdl.optim import SGD, Adam, AdamW, emit_clip, schedules
 from dfdl.ops.registry import TensorType
+from dfdl.optim import SGD, Adam, AdamW, emit_clip, schedules
 from dfdl.scheduler.executor import execute
 
 STEPS = 5
@@ -30,7 +30,10 @@ def _grads() -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(1)
     # the scale varies per step so that clipping is active on some steps only
     return [
-        {k: (rng.standard_normal(s) * (0.1 + 0.6 * t)).astype(np.float32) for k, s in SHAPES.items()}
+        {
+            k: (rng.standard_normal(s) * (0.1 + 0.6 * t)).astype(np.float32)
+            for k, s in SHAPES.items()
+        }
         for t in range(STEPS)
     ]
 
@@ -69,16 +72,18 @@ class StepGraph:
         grads = {p: f"grad.{p}" for p in params}
         states = {p: opt.state_names(p) for p in params}
         self.new_params, self.new_states = opt.emit_step(b, grads, states, "lr", self.step_inputs)
-        g.outputs = list(self.new_params.values()) + [
-            s for p in params for s in self.new_states[p]
-        ]
+        g.outputs = list(self.new_params.values()) + [s for p in params for s in self.new_states[p]]
         assert all(n.phase == "update" for n in g.nodes)
         self.graph = g
 
     def run(self, client, tiles) -> list[dict[str, np.ndarray]]:
         """Param and state values after each step."""
         params = _params()
-        state = {s: v for p in params for s, v in zip(self.opt.state_names(p), self.opt.init_state(params[p]))}
+        state = {
+            s: v
+            for p in params
+            for s, v in zip(self.opt.state_names(p), self.opt.init_state(params[p]))
+        }
         plan = make_plan(self.graph, tiles, cores=2)
         history = []
         for t, grads in enumerate(_grads(), start=1):

@@ -75,7 +75,8 @@ class GradBuilder:
         if op is None:
             raise UnsupportedOpError(f"gradient rule uses unknown op {domain}.{op_type}")
         owner = self.node.name if self.node is not None else "grad"
-        name = self._fresh(f"{owner}_grad_{op_type}")
+        # "{forward node}.{op}": the dashboard shows e.g. "conv1.ConvGradWeight-bwd"
+        name = self._fresh(f"{owner}.{op_type}")
         outs = [self._fresh(f"{name}.out{i}") if n_outputs > 1 else name for i in range(n_outputs)]
         node = Node(name, op_type, [i or "" for i in inputs], outs, dict(attrs or {}), domain)
         node.phase = self.phase

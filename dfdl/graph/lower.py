@@ -1,7 +1,8 @@
 """Lowering: a :class:`~dfdl.graph.tiling.Plan` becomes a Dask task graph.
 
-One task per node tile, keyed ``(f"{node}-{phase}", step, *tile_index)`` so the Dask
-dashboard groups tasks by ONNX node name. Contracted axes give partial tiles
+One task per node tile, keyed ``(f"{node}-{phase}-{token}", step, *tile_index)`` so the
+Dask dashboard groups tasks by ONNX node name and phase (``key_split`` drops the 8-hex
+run token, which keeps two runs on one cluster from sharing keys). Contracted axes give partial tiles
 (``f"{node}-{phase}-partial"``) summed by a fixed-order tree with bounded fan-in
 (``f"{node}-{phase}-sum"``). Input regions that are not exactly one producer tile are
 sliced or assembled inside the consuming task, reading only the tiles they overlap.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,17 @@ from dfdl.ops import lookup
 from dfdl.ops.tile_exec import combine, run_tile
 
 Region = tuple[slice, ...]
+
+
+def new_token() -> str:
+    """A fresh 8-hex-digit run identifier for task keys."""
+    return uuid.uuid4().hex[:8]
+
+
+def task_name(base: str, token: str) -> str:
+    """Key name ``f"{base}-{token}"``: Dask's ``key_split`` drops the 8-hex token, so the
+    dashboard still groups tasks by ``base`` (``"conv1-fwd"``)."""
+    return f"{base}-{token}" if token else base
 
 
 def offsets(chunks: tuple[int, ...]) -> list[int]:
@@ -78,10 +91,13 @@ class _TensorTiles:
 class _Builder:
     """Accumulates tasks; turns input regions into flat task arguments + specs."""
 
-    def __init__(self, plan: Plan, step: int, overrides: Mapping[str, Mapping[str, Any]]):
+    def __init__(
+        self, plan: Plan, step: int, overrides: Mapping[str, Mapping[str, Any]], token: str
+    ):
         self.plan = plan
         self.step = step
         self.overrides = overrides
+        self.token = token
         self.dsk: dict = {}
         self.tiles: dict[str, _TensorTiles] = {}
 
@@ -116,7 +132,8 @@ class _Builder:
         n_out = len(node.outputs)
         grid = np_.grid_letters()
         contracted = spec.contracted()
-        name = f"{node.name}-{node.phase}"
+        base = f"{node.name}-{node.phase}"
+        name = task_name(base, self.token)
         lo = {c: offsets(ch) for c, ch in np_.letters.items()}
         refs: dict[str, dict] = {o: {} for o in outs}
         out_pos = {o: p for p, o in enumerate(node.outputs) if o}
@@ -173,7 +190,7 @@ class _Builder:
                 if len(combos) == 1:
                     key = (name, self.step, *tile_idx)
                 else:
-                    key = (f"{name}-partial", self.step, *tile_idx, ci)
+                    key = (task_name(f"{base}-partial", self.token), self.step, *tile_idx, ci)
                 self.dsk[key] = Task(key, run_tile, meta, *args)
                 partial_keys.append(key)
             final = (name, self.step, *g)
@@ -181,7 +198,7 @@ class _Builder:
                 how = spec.reduce.get(contracted[0], "sum") if contracted else "sum"
                 if len({spec.reduce.get(c, "sum") for c in contracted}) > 1:
                     raise ValueError(f"node {node.name}: mixed combine ops over contractions")
-                self._tree(partial_keys, final, how)
+                self._tree(partial_keys, final, how, task_name(f"{base}-sum", self.token))
             for o, p in out_pos.items():
                 refs[o][self._out_index(dict(out_specs)[o], grid, g)] = (
                     TaskRef(final),
@@ -195,13 +212,13 @@ class _Builder:
         at = dict(zip(grid, g))
         return tuple(0 if ch == "." else at[ch] for ch in s)
 
-    def _tree(self, keys: list, final: tuple, how: str) -> None:
+    def _tree(self, keys: list, final: tuple, how: str, sum_name: str) -> None:
         level = 0
         while len(keys) > REDUCE_FAN_IN:
             nxt = []
             for j in range(math.ceil(len(keys) / REDUCE_FAN_IN)):
                 group = keys[j * REDUCE_FAN_IN : (j + 1) * REDUCE_FAN_IN]
-                key = (f"{final[0]}-sum", final[1], *final[2:], level, j)
+                key = (sum_name, final[1], *final[2:], level, j)
                 self.dsk[key] = Task(key, combine, how, *(TaskRef(k) for k in group))
                 nxt.append(key)
             keys = nxt
@@ -223,6 +240,7 @@ def lower(
     *,
     step: int = 0,
     attrs: Mapping[str, Mapping[str, Any]] | None = None,
+    token: str = "",
 ) -> tuple[dict, dict[str, dict[tuple[int, ...], tuple[Any, Any]]]]:
     """Build the task graph of one pass over the plan.
 
@@ -236,12 +254,14 @@ def lower(
         step: the training step (part of every key).
         attrs: per node name, attributes that replace the node's for this pass (the
             step's Dropout seed).
+        token: a run identifier (see :func:`new_token`) appended to every key name, so
+            that two runs on one cluster never share a key.
 
     Returns:
         ``(dsk, outputs)``: the task dict, and for each graph output the map from tile
         index to ``(key or value, output position or None)``.
     """
-    b = _Builder(plan, step, attrs or {})
+    b = _Builder(plan, step, attrs or {}, token)
     for name, tiles in sources.items():
         b.tiles[name] = _TensorTiles(
             plan.chunks[name],

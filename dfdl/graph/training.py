@@ -26,7 +26,7 @@ import numpy as np
 
 from dfdl.errors import ConfigError, DfdlError, ShapeError
 from dfdl.graph.autodiff import GradBuilder, gradients
-from dfdl.graph.bind import bind
+from dfdl.graph.bind import TYPE_ONLY_INPUTS, bind
 from dfdl.graph.ir import Graph
 from dfdl.ops import lookup
 from dfdl.ops.registry import TensorType
@@ -85,7 +85,11 @@ def _const_inputs(graph: Graph) -> set[str]:
         if op is None:
             continue
         idx = range(len(n.inputs)) if op.fold_only else op.const_inputs
-        out.update(n.inputs[i] for i in idx if i < len(n.inputs) and n.inputs[i])
+        # Shape(w) or CastLike(x, w) reads only w's static type: w may still train
+        type_only = TYPE_ONLY_INPUTS.get(n.op_type, ()) if not n.domain else ()
+        out.update(
+            n.inputs[i] for i in idx if i < len(n.inputs) and n.inputs[i] and i not in type_only
+        )
     return out
 
 

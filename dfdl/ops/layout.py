@@ -1,9 +1,14 @@
 """Layout ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split, Slice,
-Expand, Gather.
+Expand, Gather, and the backward ops ``dfdl.SliceGrad`` and ``dfdl.GatherGrad``.
 
 These move or select elements without arithmetic. An axis is tiled (gets a letter)
 only where the op maps the elements of each tile to one tile of the output on its
 own; axes that are cut, joined, sliced or indexed are never split (".").
+
+VJPs move ``dY`` back: the inverse reshape/transpose, Split for Concat and Concat for
+Split, a scatter into zeros for Slice (SliceGrad) and a scatter-add for Gather
+(GatherGrad, whose index axes are contracted so batch tiles give partial gradients).
+Expand returns ``dY`` as is: the autodiff driver sums it down to the input's shape.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import numpy as np
 
 from dfdl.errors import ModelError, ShapeError
 from dfdl.ops.common import letters, normalize_axis
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, register
+from dfdl.ops.cpu import layout as cpu_layout
+from dfdl.ops.registry import DFDL_DOMAIN, TensorType, TileContext, TileSpec, defvjp, register
 
 
 def _ints(x) -> list[int]:
@@ -440,3 +446,194 @@ def Gather(data, indices, *, axis=0):
     if indices.size and (indices.min() < -n or indices.max() >= n):
         raise IndexError(f"Gather: index out of range [-{n}, {n}) on axis {ax}")
     return np.asarray(np.take(data, indices.astype(np.int64, copy=False), axis=ax))
+
+
+# ---------------------------------------------------------------- backward ops
+
+
+def _slice_grad_shape(inputs, consts, *, shape, **attrs):
+    dy = inputs[0]
+    shape = tuple(_ints(shape))
+    sl = slice_params(shape, *consts[1:5])
+    want = tuple(len(range(*s.indices(d))) for s, d in zip(sl, shape, strict=True))
+    if dy.shape != want:
+        raise ShapeError(f"SliceGrad: dY shape {dy.shape} != slice shape {want} of {shape}")
+    return [TensorType(shape, dy.dtype)]
+
+
+def _set_shape_attr(name: str):
+    """``adjust`` for the scatter ops: attribute ``name`` becomes the tile's output shape."""
+
+    def adjust(attrs, consts, out_regions):
+        return {**attrs, name: [int(d) for d in _region_shape(out_regions[0])]}, consts
+
+    return adjust
+
+
+def _slice_grad_tile(ctx: TileContext) -> TileSpec:
+    shape = tuple(_ints(ctx.attrs["shape"]))
+    sl = slice_params(shape, *ctx.consts[1:5])
+    names = letters(len(shape))
+    # as the forward: an axis the slice keeps whole maps tile to tile (ends clamp)
+    whole = [s.indices(d) == (0, d, 1) for s, d in zip(sl, shape, strict=True)]
+    spec = "".join(ch if w else "." for ch, w in zip(names, whole, strict=True))
+    extra = (None,) * (len(ctx.inputs) - 1)
+    return TileSpec(inputs=(spec, *extra), outputs=(spec,), adjust=_set_shape_attr("shape"))
+
+
+@register(
+    "SliceGrad",
+    domain=DFDL_DOMAIN,
+    shape=_slice_grad_shape,
+    tile=_slice_grad_tile,
+    const_inputs=(1, 2, 3, 4),
+    differentiable=False,
+)
+def SliceGrad(dY, starts, ends, axes=None, steps=None, *, shape):
+    """Gradient of Slice: ``dY`` written at the sliced positions of zeros of ``shape``."""
+    dY = np.asarray(dY)
+    shape = tuple(_ints(shape))
+    out = np.zeros(shape, dtype=dY.dtype)
+    out[tuple(slice_params(shape, starts, ends, axes, steps))] = dY
+    return out
+
+
+def _gather_grad_shape(inputs, consts, *, axis=0, data_shape, **attrs):
+    dy, idx = inputs[0], inputs[1]
+    shape = tuple(_ints(data_shape))
+    ax = _axis(axis, len(shape), "GatherGrad")
+    want = shape[:ax] + idx.shape + shape[ax + 1 :]
+    if dy.shape != want:
+        raise ShapeError(f"GatherGrad: dY shape {dy.shape} != gathered shape {want}")
+    return [TensorType(shape, dy.dtype)]
+
+
+def _gather_grad_tile(ctx: TileContext) -> TileSpec:
+    rank, idx = len(_ints(ctx.attrs["data_shape"])), ctx.inputs[1]
+    ax = _axis(ctx.attrs.get("axis", 0), rank, "GatherGrad")
+    names, inames = letters(rank), letters(idx.rank, offset=rank)
+    # index axes are contracted: each index tile scatters a partial gradient, summed
+    return TileSpec(
+        inputs=(names[:ax] + inames + names[ax + 1 :], inames),
+        outputs=(names[:ax] + "." + names[ax + 1 :],),
+        reduce={ch: "sum" for ch in inames},
+        adjust=_set_shape_attr("data_shape"),
+    )
+
+
+@register(
+    "GatherGrad",
+    domain=DFDL_DOMAIN,
+    shape=_gather_grad_shape,
+    tile=_gather_grad_tile,
+    kernels={"cpu": cpu_layout.GatherGrad},
+    differentiable=False,
+)
+def GatherGrad(dY, indices, *, axis=0, data_shape):
+    """Gradient of Gather: ``dY`` summed into zeros of ``data_shape`` at ``indices``."""
+    dY, indices = np.asarray(dY), np.asarray(indices).astype(np.int64)
+    shape = tuple(_ints(data_shape))
+    ax = _axis(axis, len(shape), "GatherGrad")
+    n = shape[ax]
+    if indices.size and (indices.min() < -n or indices.max() >= n):
+        raise IndexError(f"GatherGrad: index out of range [-{n}, {n}) on axis {ax}")
+    out = np.zeros(shape, dtype=dY.dtype)
+    # np.add.at accumulates repeated indices (plain fancy assignment would keep one)
+    pre = (slice(None),) * ax
+    np.add.at(out, (*pre, np.where(indices < 0, indices + n, indices)), dY)
+    return out
+
+
+# ---------------------------------------------------------------- VJP rules
+
+
+def _const(b, name: str):
+    return b.graph.initializers.get(name) if name else None
+
+
+def _reshape_back(b, node, dy: str) -> str:
+    """``dy`` reshaped to the shape of the node's first input."""
+    shape = b.const(b.type(node.inputs[0]).shape, np.int64, "shape")
+    # allowzero: a 0 in the target is a real zero-sized dim, not "copy"
+    return b.op("Reshape", [dy, shape], {"allowzero": 1})
+
+
+@defvjp("Reshape")
+def _reshape_vjp(b, node, dys):
+    return [_reshape_back(b, node, dys[0]), None]
+
+
+@defvjp("Flatten")
+def _flatten_vjp(b, node, dys):
+    return [_reshape_back(b, node, dys[0])]
+
+
+@defvjp("Squeeze")
+def _squeeze_vjp(b, node, dys):
+    return [_reshape_back(b, node, dys[0])] + [None] * (len(node.inputs) - 1)
+
+
+@defvjp("Unsqueeze")
+def _unsqueeze_vjp(b, node, dys):
+    return [_reshape_back(b, node, dys[0]), None]
+
+
+@defvjp("Transpose")
+def _transpose_vjp(b, node, dys):
+    p = _perm(node.attrs.get("perm"), b.type(node.inputs[0]).rank)
+    return [b.op("Transpose", [dys[0]], {"perm": [int(i) for i in np.argsort(p)]})]
+
+
+@defvjp("Concat")
+def _concat_vjp(b, node, dys):
+    if len(node.inputs) == 1:
+        return [dys[0]]
+    ax = _axis(node.attrs["axis"], b.type(node.inputs[0]).rank, "Concat")
+    sizes = [b.type(i).shape[ax] for i in node.inputs]
+    split = b.const(sizes, np.int64, "split")
+    return b.op("Split", [dys[0], split], {"axis": ax}, n_outputs=len(sizes))
+
+
+@defvjp("Split")
+def _split_vjp(b, node, dys):
+    x = b.type(node.inputs[0])
+    ax = _axis(node.attrs.get("axis", 0), x.rank, "Split")
+    sizes = split_sizes(
+        x.shape[ax],
+        _const(b, node.inputs[1] if len(node.inputs) > 1 else ""),
+        node.attrs.get("num_outputs"),
+    )
+    parts = []
+    for k, size in enumerate(sizes):
+        dy = dys[k] if k < len(dys) else None
+        if dy is None:  # an output without gradient contributes zeros
+            shape = list(x.shape)
+            shape[ax] = size
+            zero = b.const(np.zeros((), x.dtype), hint="zero")
+            dy = b.op("Expand", [zero, b.const(shape, np.int64, "shape")])
+        parts.append(dy)
+    dx = parts[0] if len(parts) == 1 else b.op("Concat", parts, {"axis": ax})
+    return [dx] + [None] * (len(node.inputs) - 1)
+
+
+@defvjp("Slice")
+def _slice_vjp(b, node, dys):
+    shape = [int(d) for d in b.type(node.inputs[0]).shape]
+    dx = b.op("SliceGrad", [dys[0], *node.inputs[1:]], {"shape": shape}, domain=DFDL_DOMAIN)
+    return [dx] + [None] * (len(node.inputs) - 1)
+
+
+@defvjp("Expand")
+def _expand_vjp(b, node, dys):
+    return [dys[0], None]
+
+
+@defvjp("Gather")
+def _gather_vjp(b, node, dys):
+    x = b.type(node.inputs[0])
+    attrs = {
+        "axis": _axis(node.attrs.get("axis", 0), x.rank, "Gather"),
+        "data_shape": [int(d) for d in x.shape],
+    }
+    dx = b.op("GatherGrad", [dys[0], node.inputs[1]], attrs, domain=DFDL_DOMAIN)
+    return [dx, None]

@@ -10,6 +10,11 @@ is dropped.
 Tiling: batch and channels are independent (``"ab.."``); spatial axes stay whole. When a
 MaxPool node asks for its ``Indices`` output nothing is split, because the indices are
 flat offsets into the whole input tensor.
+
+Training: ``dfdl.MaxPoolGrad(dY, X)`` routes each output gradient to the first max of its
+window (the forward's tie rule) and ``dfdl.AveragePoolGrad(dY; input_shape)`` spreads it
+over the window's counted taps; both tile like the forward (batch and channels). The
+global pools' VJPs reuse them with one window covering all spatial axes.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ Tiling: axes the op leaves untouched (scale 1, same length: typically batch and
 channels) are tiled, resized axes stay whole. With ``sizes`` given, a tile's ``sizes``
 is rewritten to the tile's own length on the tiled axes. ``tf_crop_and_resize`` is never
 split (its ``roi`` is relative to the whole axis).
+
+Training: the VJP is ``dfdl.ResizeGrad(dY, roi, scales, sizes; input_shape)``, the adjoint
+of Resize as a linear map of X (gradient 0 where ``extrapolation_value`` is written); it
+tiles like the forward. roi/scales/sizes get no gradient.
 """
 
 from __future__ import annotations

@@ -97,7 +97,9 @@ class Optimizer:
     def __init__(self, lr: float, *, schedule: Schedule | None = None, clip_norm=None):
         self.lr = _number("lr", lr)
         if schedule is not None and not callable(schedule):
-            raise ConfigError(f"schedule must be a callable (step, base_lr) -> lr, not {schedule!r}")
+            raise ConfigError(
+                f"schedule must be a callable (step, base_lr) -> lr, not {schedule!r}"
+            )
         self.schedule = schedule or constant()
         self.clip_norm = None if clip_norm is None else _number("clip_norm", clip_norm)
         if self.clip_norm == 0.0:

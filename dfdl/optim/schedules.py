@@ -85,7 +85,7 @@ def cosine(total_steps: int, min_lr: float = 0.0) -> Schedule:
 
     Example:
         >>> cosine(4)(2, 1.0)
-        0.5000000000000001
+        0.5
     """
     total_steps = _positive_int("total_steps", total_steps)
     min_lr = _finite("min_lr", min_lr, low=0.0)

@@ -6,7 +6,7 @@ import numpy as np
 from dask.task_spec import DataNode, TaskRef
 
 from dfdl.errors import DfdlError
-from dfdl.graph.lower import lower, split_tiles, tile_regions
+from dfdl.graph.lower import lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
 from dfdl.ops.tile_exec import TileError
 
@@ -14,7 +14,7 @@ from dfdl.ops.tile_exec import TileError
 SCATTER_BYTES = 1 * 2**20
 
 
-def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int):
+def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int, token: str):
     """Data tasks (small tiles) or scattered futures (large ones) for every source."""
     graph = plan.graph
     read = {i for n in plan.graph.nodes for i in n.inputs if i}
@@ -27,7 +27,7 @@ def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int):
         kind = "input" if name in feeds else "param"
         refs = {}
         for idx, tile in tiles.items():
-            key = (f"{name}-{kind}", step, *idx)
+            key = (task_name(f"{name}-{kind}", token), step, *idx)
             if tile.nbytes > SCATTER_BYTES:
                 big[key] = tile
                 refs[idx] = key
@@ -52,8 +52,9 @@ def execute(plan: Plan, feeds: dict[str, np.ndarray], client, *, step: int = 0) 
         DfdlError: a task failed; the message names the node, op and tile.
     """
     graph = plan.graph
-    dsk, sources, keep = _source_tiles(plan, feeds, client, step)
-    tasks, outputs = lower(plan, sources, step=step)
+    token = new_token()
+    dsk, sources, keep = _source_tiles(plan, feeds, client, step, token)
+    tasks, outputs = lower(plan, sources, step=step, token=token)
     dsk.update(tasks)
     want = sorted(
         {ref for tiles in outputs.values() for ref, _ in tiles.values() if isinstance(ref, tuple)},

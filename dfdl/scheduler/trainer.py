@@ -20,7 +20,7 @@ import numpy as np
 from dask.task_spec import DataNode, Task, TaskRef
 
 from dfdl.errors import TrainingError
-from dfdl.graph.lower import Picked, lower, split_tiles, tile_regions
+from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
 from dfdl.graph.training import TrainingGraph, node_seed
 
@@ -51,9 +51,10 @@ class ClusterState:
     @classmethod
     def scatter(cls, client, values: Mapping[str, np.ndarray], chunks: Mapping[str, tuple]):
         data, where = {}, {}
+        token = new_token()
         for name, v in values.items():
             for idx, tile in split_tiles(np.asarray(v), chunks[name]).items():
-                key = f"dfdl-init-{name}-{'.'.join(map(str, idx))}"
+                key = (task_name(f"{name}-init", token), *idx)
                 data[key] = tile
                 where[(name, idx)] = key
         futures = client.scatter(data, hash=False) if data else {}
@@ -75,13 +76,15 @@ class ClusterState:
         return out
 
 
-def _batch_sources(plan: Plan, arrays: Mapping[str, np.ndarray], step: int, client, dsk, keep):
+def _batch_sources(
+    plan: Plan, arrays: Mapping[str, np.ndarray], step: int, client, dsk, keep, token: str
+):
     sources = {}
     big = {}
     for name, value in arrays.items():
         refs = {}
         for idx, tile in split_tiles(value, plan.chunks[name]).items():
-            key = (f"{name}-input", step, *idx)
+            key = (task_name(f"{name}-input", token), step, *idx)
             if tile.nbytes > EMBED_BYTES:
                 big[key] = tile
             else:
@@ -115,6 +118,7 @@ def run_steps(
     constants: Constants,
     *,
     seed: int,
+    token: str,
 ) -> tuple[ClusterState, list[tuple[int, Any]]]:
     """Submit ``steps`` as one graph; returns the new state and (step, loss future) pairs."""
     dsk: dict = {}
@@ -125,17 +129,22 @@ def run_steps(
     for s in steps:
         sp = plans(len(next(iter(s.arrays.values()))))
         tg, plan = sp.tg, sp.plan
-        sources = _batch_sources(plan, s.arrays, s.step, client, dsk, keep)
+        sources = _batch_sources(plan, s.arrays, s.step, client, dsk, keep, token)
         for name, value in s.scalars.items():
-            key = (f"{name}-input", s.step)
+            if name not in plan.chunks:  # read by no node (Adam gets lr via step_size)
+                continue
+            key = (task_name(f"{name}-input", token), s.step)
             dsk[key] = DataNode(key, np.asarray(value, dtype=np.float32))
             sources[name] = {(): TaskRef(key)}
         for name in tg.carried():
-            sources[name] = _rechunked(refs[name], chunks[name], plan.chunks[name], name, dsk, s.step)
+            sources[name] = _rechunked(
+                refs[name], chunks[name], plan.chunks[name], task_name(f"{name}-rechunk", token),
+                dsk, s.step,
+            )
         for name in _read_constants(plan):
             sources[name] = constants.tiles(name, plan.graph.initializers[name], plan.chunks[name])
         overrides = {n: {"seed": node_seed(seed, n, s.step)} for n in tg.dropout}
-        tasks, outs = lower(plan, sources, step=s.step, attrs=overrides)
+        tasks, outs = lower(plan, sources, step=s.step, attrs=overrides, token=token)
         dsk.update(tasks)
         for name in tg.carried():
             new = tg.new[name]
@@ -217,7 +226,7 @@ def _rechunked(tiles, have, want, name, dsk, step):
             dst = tuple(slice(lo - r.start, hi - r.start) for (lo, hi), r in zip(inter, region))
             pieces.append((len(args) - 1, ref.pos if isinstance(ref, Picked) else None, src, dst))
         shape = tuple(r.stop - r.start for r in region)
-        key = (f"{name}-rechunk", step, *idx)
+        key = (name, step, *idx)
         dsk[key] = Task(key, _assemble, shape, tuple(pieces), *args)
         out[idx] = TaskRef(key)
     return out

@@ -87,7 +87,10 @@ class OpCase:
         else:
             outputs = [onnx.ValueInfoProto(name=n) for n in self.output_names()]
         graph = helper.make_graph([node], f"case_{self.op}", graph_inputs, outputs, inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        opsets = [helper.make_opsetid("", self.opset)]
+        if self.domain:
+            opsets.append(helper.make_opsetid(self.domain, 1))
+        model = helper.make_model(graph, opset_imports=opsets)
         model.ir_version = 10
         if typed:
             onnx.checker.check_model(model)

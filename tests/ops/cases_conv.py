@@ -335,6 +335,16 @@ def _conv_transpose_cases() -> list[OpCase]:
         OpCase(
             "ConvTranspose",
             [x2, w2, b7],
+            {"strides": [2, 2], "output_shape": [13, 13]},
+            # full size (9, 11) grows by (4, 2): pads (-2, -1) at the start and the end
+            # (the evaluator rejects this; the VJP crops dY on both sides)
+            reference=_naive(strides=[2, 2], pads_begin=[-2, -1], out_shape=[13, 13]),
+            id="2d_output_shape_grow_both_ends",
+            **TOL,
+        ),
+        OpCase(
+            "ConvTranspose",
+            [x2, w2, b7],
             {"strides": [2, 2], "auto_pad": "SAME_UPPER"},
             id="2d_same_upper",
             **TOL,

@@ -1,9 +1,11 @@
 """OpCases for layout ops (dfdl/ops/layout.py): Reshape, Flatten, Transpose, Squeeze,
-Unsqueeze, Concat, Split, Slice, Expand, Gather."""
+Unsqueeze, Concat, Split, Slice, Expand, Gather, dfdl.SliceGrad, dfdl.GatherGrad."""
 
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
 
 from tests.ops.case import OpCase, rand
 
@@ -152,6 +154,97 @@ def _gather() -> list[OpCase]:
     ]
 
 
+def _slice_grad_ref(shape):
+    """Reference SliceGrad: ONNX's own Slice, run on a grid of flat positions, says where
+    each element of dY goes."""
+
+    def ref(dy, starts, ends, axes=None, steps=None):
+        params = [("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps)]
+        inits = [
+            helper.make_tensor(n, TensorProto.INT64, [len(v)], v)
+            for n, v in params
+            if v is not None
+        ]
+        names = ["x"] + [n if v is not None else "" for n, v in params]
+        node = helper.make_node("Slice", names, ["y"])
+        graph = helper.make_graph(
+            [node],
+            "s",
+            [helper.make_tensor_value_info("x", TensorProto.INT64, shape)],
+            [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+            inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+        grid = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+        pos = ReferenceEvaluator(model).run(None, {"x": grid})[0]
+        out = np.zeros(int(np.prod(shape)), dtype=dy.dtype)
+        out[pos.reshape(-1)] = dy.reshape(-1)
+        return [out.reshape(shape)]
+
+    return ref
+
+
+def _slice_grad() -> list[OpCase]:
+    def case(shape, dy_shape, params, id, dtype=np.float32):
+        inputs = [rand(*dy_shape, dtype=dtype), *params]
+        consts = tuple(i + 1 for i, p in enumerate(params) if p is not None)
+        return OpCase(
+            "SliceGrad",
+            inputs,
+            {"shape": list(shape)},
+            consts=consts,
+            id=id,
+            domain="dfdl",
+            reference=_slice_grad_ref(shape),
+        )
+
+    x = (5, 7, 4)
+    return [
+        case(x, (5, 3, 4), [_i(1), _i(4), _i(1)], "axis1"),
+        case(x, (5, 3, 4), [_i(5), _i(0), _i(1), _i(-2)], "neg_step2"),
+        case(x, (5, 7, 4), [_i(-1), _i(-INT_MAX), _i(1), _i(-1)], "reverse"),
+        case(x, (3, 3, 4), [_i(1, 0), _i(6, 5), _i(-2, 0), _i(2, 2)], "two"),
+        case(x, (3, 5, 4), [_i(0, 1), _i(3, 6)], "default_axes"),
+        case(x, (2, 2, 4), [_i(0, 1), _i(2, 7), None, _i(1, 3)], "no_axes_steps"),
+        case(x, (5, 7, 4), [_i(0), _i(INT_MAX), _i(1)], "full_axis"),
+        case((11,), (4,), [_i(2), _i(10), _i(0), _i(2)], "1d_f64", dtype=F64),
+    ]
+
+
+def _gather_grad_ref(dy, indices, *, axis, data_shape):
+    """Reference GatherGrad: one python loop over the indices."""
+    out = np.zeros(data_shape, dtype=dy.dtype)
+    ax = axis % len(data_shape)
+    pre = (slice(None),) * ax
+    for k in np.ndindex(*np.shape(indices)):
+        i = int(np.asarray(indices)[k]) % data_shape[ax]
+        out[(*pre, i)] += dy[(*pre, *k)]
+    return [out]
+
+
+def _gather_grad() -> list[OpCase]:
+    def case(dy, idx, axis, data_shape, id):
+        attrs = {"axis": axis, "data_shape": list(data_shape)}
+        return OpCase(
+            "GatherGrad",
+            [dy, idx],
+            attrs,
+            id=id,
+            domain="dfdl",
+            reference=lambda d, i: _gather_grad_ref(d, i, **attrs),
+        )
+
+    idx = np.array([[0, -1, 3], [6, -7, 2], [1, 1, 5], [4, -2, 0], [3, 3, 3]], dtype=I64)
+    return [
+        case(rand(5, 3, 4), idx, 0, (7, 4), "embedding"),
+        case(rand(5, 3, 4), np.array([6, 0, -3], np.int32), 1, (5, 7, 4), "axis1_i32"),
+        case(rand(5, 4), np.array(-2, I64), 1, (5, 7, 4), "scalar_index"),
+        case(rand(5, 7, 5, 2, dtype=F64), idx[:, :2] % 4, -1, (5, 7, 4), "last_2d_idx_f64"),
+        case(rand(5, 3, 7), np.full((5, 3), 2, I64), 0, (3, 7), "all_same_row"),
+        case(rand(6, 1), np.array([1, 0, 1, 1, 0, 1], I64), 0, (2, 1), "repeats_1wide"),
+    ]
+
+
 CASES = [
     *_reshape(),
     *_flatten(),
@@ -162,4 +255,6 @@ CASES = [
     *_slice(),
     *_expand(),
     *_gather(),
+    *_slice_grad(),
+    *_gather_grad(),
 ]

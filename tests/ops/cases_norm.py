@@ -57,6 +57,12 @@ _BN = [
         n_outputs=3,
         id="train_f32_2d",
     ),
+    OpCase(
+        "BatchNormalization",
+        _bn_inputs(5, 7, 6, dtype=F64),
+        attrs={"training_mode": 1},
+        id="train_f64_y_only",
+    ),
 ]
 
 _IN = [
@@ -153,30 +159,34 @@ for _c in _LN:
 
 
 def _ln_stash64(X, Scale, B=None, axis=-1, epsilon=1e-5, n_outputs=3, tag=""):
-    attrs = {"axis": axis, "epsilon": epsilon, "stash_type": 11}
+    """A stash_type=11 case; with 3 outputs X is float64 (one dtype for the VJP's loss)."""
+    ref = _ln_reference(axis=axis, epsilon=epsilon, stash=np.float64)
     return OpCase(
         "LayerNormalization",
         [X, Scale, B],
-        attrs=attrs,
+        attrs={"axis": axis, "epsilon": epsilon, "stash_type": 11},
         n_outputs=n_outputs,
-        reference=_ln_reference(axis=axis, epsilon=epsilon, stash=np.float64),
+        reference=lambda *a: ref(*a)[:n_outputs],
         id=f"{tag}_stash64",
     )
 
 
+def _f64(*shape, seed=0):
+    return rand(*shape, dtype=F64, seed=seed)
+
+
 _LN += [
     _ln_stash64(rand(5, 7), rand(7, seed=1), rand(7, seed=2), n_outputs=1, tag="f32_2d"),
-    _ln_stash64(rand(5, 7, 6), rand(7, 6, seed=1), rand(7, 6, seed=2), axis=1, tag="f32_3d_axis1"),
-    _ln_stash64(rand(5, 7, 6), rand(6, seed=1), epsilon=1e-2, tag="f32_3d_noB_eps"),
     _ln_stash64(
-        rand(5, 7, 3, 4), rand(3, 4, seed=1), rand(4, seed=2), axis=-2, tag="f32_4d_axis-2_bcast"
+        rand(5, 7, 3, 4), rand(3, 4, seed=1), rand(4, seed=2), axis=-2, n_outputs=1, tag="f32_4d"
+    ),
+    _ln_stash64(_f64(5, 7, 6), _f64(7, 6, seed=1), _f64(7, 6, seed=2), axis=1, tag="f64_3d_axis1"),
+    _ln_stash64(_f64(5, 7, 6), _f64(6, seed=1), epsilon=1e-2, tag="f64_3d_noB_eps"),
+    _ln_stash64(
+        _f64(5, 7, 3, 4), _f64(3, 4, seed=1), _f64(4, seed=2), axis=-2, tag="f64_4d_axis-2_bcast"
     ),
     _ln_stash64(
-        rand(5, 7, 6, dtype=F64),
-        rand(7, 6, dtype=F64, seed=1),
-        axis=-1,
-        n_outputs=1,
-        tag="f64_scale_covers_leading_axis",
+        _f64(5, 7, 6), _f64(7, 6, seed=1), n_outputs=1, tag="f64_scale_covers_leading_axis"
     ),
 ]
 
@@ -259,6 +269,25 @@ _DROPOUT = [
         consts=(2,),
         id="training_f64_default_ratio",
         reference=_dropout_reference(123),
+    ),
+    # no mask output: the VJP adds it to the node
+    OpCase(
+        "Dropout",
+        [rand(5, 7, 6), np.array(0.4, F32), _b(True)],
+        attrs={"seed": 5},
+        consts=(1, 2),
+        id="training_y_only",
+        reference=lambda *a: _dropout_reference(5)(*a)[:1],
+    ),
+    # training_mode known only at run time
+    OpCase(
+        "Dropout",
+        [rand(5, 7, 3, dtype=F64), np.array(0.25, F64), _b(True)],
+        attrs={"seed": 11},
+        n_outputs=2,
+        consts=(1,),
+        id="training_mode_input",
+        reference=_dropout_reference(11),
     ),
 ]
 

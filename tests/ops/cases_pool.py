@@ -4,6 +4,7 @@ onnx's ReferenceEvaluator is the oracle except where it is wrong: MaxPool Indice
 strides and dilations are all 1 (per-channel offsets), ``ceil_mode`` windows whose
 overhang is 2 or more (it shifts the windows), and ``auto_pad`` with dilations (it
 ignores them). Those cases use ``_pool_naive``, the spec written as plain loops.
+The backward ops (dfdl.MaxPoolGrad, dfdl.AveragePoolGrad) are checked against loops too.
 """
 
 from __future__ import annotations

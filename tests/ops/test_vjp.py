@@ -25,10 +25,15 @@ DIRECTIONS = 3
 
 
 def _float_inputs(case) -> list[int]:
+    """Float inputs that are not plan-time parameters (a Resize's scales)."""
+    params = REGISTRY[case.key].const_inputs
     return [
         i
         for i, x in enumerate(case.inputs)
-        if x is not None and np.asarray(x).dtype.kind == "f" and np.asarray(x).size
+        if x is not None
+        and np.asarray(x).dtype.kind == "f"
+        and np.asarray(x).size
+        and i not in params
     ]
 
 

@@ -5,6 +5,9 @@ Each public wrapper has exactly the signature of its numpy forward in
 same-shape, same-dtype operands for binary ops) and falls back to the numpy forward
 otherwise (integer dtypes, float16, broadcasting).
 
+The fused activation gradients (``dfdl.ReluGrad``, ``SigmoidGrad``, ``TanhGrad``,
+``GeluGrad``, ``ClipGrad``) run one loop over ``dY`` and the saved tensor.
+
 Exp, Log and Tanh have no kernel on purpose: numpy's SIMD ufuncs beat a numba loop over
 libm calls 5-20x on float32 (measured here), so their numpy forward is the CPU kernel.
 

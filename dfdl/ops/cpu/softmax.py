@@ -112,45 +112,66 @@ def _softmax_grad_rows(dy, y, dx):
 
 
 @numba.njit(cache=True, fastmath={"reassoc", "contract"})
-def _log_softmax_grad_rows(dy, y, dx):
-    """dx[r, :] = dy[r, :] - exp(y[r, :]) * sum(dy[r, :])."""
-    rows, n = y.shape
+def _log_softmax_grad_rows(dy, e, dx):
+    """dx[r, :] = dy[r, :] - e[r, :] * sum(dy[r, :]) where e = exp(y)."""
+    rows, n = e.shape
     for r in range(rows):
         s = 0.0
         for j in range(n):
             s += dy[r, j]
         for j in range(n):
-            dx[r, j] = dy[r, j] - math.exp(y[r, j]) * s
+            dx[r, j] = dy[r, j] - e[r, j] * s
 
 
 @numba.njit(cache=True, fastmath={"reassoc", "contract"})
-def _sce_grad(x, labels, coef, dx):
-    """dx[n, :, s] = coef[n, s] * (softmax(x[n, :, s]) - onehot(labels[n, s])).
+def _sce_finish_rows(e, labels, coef):
+    """e[r, :] = coef[r] * (e[r, :] / sum(e[r, :]) - onehot(labels[r])), in place."""
+    rows, n = e.shape
+    for r in range(rows):
+        s = 0.0
+        for j in range(n):
+            s += e[r, j]
+        a = coef[r] / s
+        for j in range(n):
+            e[r, j] = e[r, j] * a
+        e[r, labels[r]] -= coef[r]
 
-    x is (N, C, S); the class axis is strided, so each batch row works on S-vectors.
-    """
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _sub_max_axis1(x, out):
+    """out[n, :, s] = x[n, :, s] - max over the class axis, for x (N, C, S)."""
     N, C, S = x.shape
-    mx = np.empty(S)
-    sm = np.empty(S)
+    mx = np.empty(S, dtype=x.dtype)
     for n in range(N):
         for s in range(S):
-            mx[s] = -np.inf
-            sm[s] = 0.0
-        for c in range(C):
+            mx[s] = x[n, 0, s]
+        for c in range(1, C):
             for s in range(S):
                 if x[n, c, s] > mx[s]:
                     mx[s] = x[n, c, s]
         for c in range(C):
             for s in range(S):
-                sm[s] += math.exp(x[n, c, s] - mx[s])
+                out[n, c, s] = x[n, c, s] - mx[s]
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _sce_finish_nc(e, labels, coef):
+    """_sce_finish_rows over the class axis of e (N, C, S): S-vectors stay contiguous."""
+    N, C, S = e.shape
+    sm = np.empty(S)
+    for n in range(N):
+        for s in range(S):
+            sm[s] = 0.0
+        for c in range(C):
+            for s in range(S):
+                sm[s] += e[n, c, s]
         for s in range(S):
             sm[s] = coef[n, s] / sm[s]
         for c in range(C):
             for s in range(S):
-                v = math.exp(x[n, c, s] - mx[s]) * sm[s]
-                if labels[n, s] == c:
-                    v -= coef[n, s]
-                dx[n, c, s] = v
+                e[n, c, s] = e[n, c, s] * sm[s]
+        for s in range(S):
+            e[n, labels[n, s], s] -= coef[n, s]
 
 
 # ----------------------------------------------------------------- backward wrappers
@@ -180,7 +201,16 @@ def cpu_log_softmax_grad(dY, Y, *, axis=-1):
         from dfdl.ops.norm import LogSoftmaxGrad
 
         return LogSoftmaxGrad(dY, Y, axis=axis)
-    return _grad_rows(_log_softmax_grad_rows, dY, Y)
+    n = Y.shape[-1]
+    y = np.ascontiguousarray(Y).reshape(-1, n)
+    dy = np.ascontiguousarray(dY).reshape(-1, n)
+    dx = np.empty_like(y)
+    step = max(1, _BLOCK // max(n, 1))
+    for i in range(0, y.shape[0], step):
+        # numpy's SIMD exp on a cache-sized block, written into dx then overwritten
+        e = np.exp(y[i : i + step], out=dx[i : i + step])
+        _log_softmax_grad_rows(dy[i : i + step], e, dx[i : i + step])
+    return dx.reshape(Y.shape)
 
 
 def cpu_softmax_cross_entropy_loss_grad(
@@ -196,6 +226,20 @@ def cpu_softmax_cross_entropy_loss_grad(
     coef, safe = loss_coefficients(dloss, labels, weights, reduction, ignore_index)
     N, C = scores.shape[:2]
     x = np.ascontiguousarray(scores).reshape(N, C, -1)
-    dx = np.empty_like(x)
-    _sce_grad(x, safe.reshape(N, -1), np.ascontiguousarray(coef).reshape(N, -1), dx)
-    return dx.reshape(scores.shape)
+    S = x.shape[2]
+    coef = np.ascontiguousarray(coef, dtype=np.float64).reshape(N, S)
+    safe = safe.reshape(N, S)
+    out = np.empty_like(x)
+    step = max(1, _BLOCK // max(C * S, 1))
+    for i in range(0, N, step):
+        ob = out[i : i + step]
+        if S == 1:  # rows: the class axis is contiguous
+            rows = ob.reshape(-1, C)
+            _sub_row_max(x[i : i + step].reshape(-1, C), rows)
+            np.exp(rows, out=rows)
+            _sce_finish_rows(rows, safe[i : i + step, 0], coef[i : i + step, 0])
+        else:
+            _sub_max_axis1(x[i : i + step], ob)
+            np.exp(ob, out=ob)
+            _sce_finish_nc(ob, safe[i : i + step], coef[i : i + step])
+    return out.reshape(scores.shape)
