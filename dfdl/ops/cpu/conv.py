@@ -1,8 +1,10 @@
-"""CPU kernels for Conv and ConvTranspose: numba im2col / col2im around a BLAS GEMM.
+"""CPU kernels for Conv, ConvTranspose and their gradients (dfdl.ConvGradInput,
+dfdl.ConvGradWeight): numba im2col / col2im around a BLAS GEMM.
 
 Every convolution is run as 3-D (1-D and 2-D get leading singleton spatial axes).
 Conv: ``cols = im2col(x)`` of shape (C/g * kd*kh*kw, positions), then ``y = W @ cols``.
-ConvTranspose: ``cols = W^T @ x``, then ``col2im`` scatter-adds cols into the output.
+ConvTranspose and ConvGradInput (the same scatter): ``cols = W^T @ x``, then ``col2im``
+scatter-adds cols into the output. ConvGradWeight: ``dW = dY @ im2col(x)^T``.
 The cols buffer is built in blocks of at most ``COLS_BYTES`` (several samples at once
 when images are small, a range of output rows when they are large), so the temporary
 stays bounded whatever the tile size. float32/float64 only; other dtypes use the numpy
