@@ -83,4 +83,3 @@ class DataError(DfdlError, ValueError):
 
 class TrainingError(DfdlError, RuntimeError):
     """Training stopped: the loss became NaN or infinite (the step is named)."""
-

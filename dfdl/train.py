@@ -209,8 +209,18 @@ def train(
                 values[sname] = v
     history: dict[str, list] = {"loss": []}
     per_epoch = steps_per_epoch(n, batch_size, drop_last)
-    schedule = list(batch_plan(n, batch_size, epochs=epochs, steps=steps, shuffle=shuffle,
-                               seed=seed, drop_last=drop_last, start=start))
+    schedule = list(
+        batch_plan(
+            n,
+            batch_size,
+            epochs=epochs,
+            steps=steps,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            start=start,
+        )
+    )
     total = start + len(schedule)
     # every step's lr from the schedule, so a bad schedule fails before any task
     feeds = {
@@ -239,29 +249,32 @@ def train(
         collector = LossCollector(c, on_loss)
         group: list[StepInput] = []
         for i, (step, _epoch, idx) in enumerate(schedule):
-            arrays = {graph.inputs[0]: X.take(idx)}
+            arrays = {graph.inputs[0]: X.batch(idx)}
             if y is not None and not model_loss:
-                arrays[tg.labels] = y.take(idx)
+                arrays[tg.labels] = y.batch(idx)
             group.append(StepInput(step, arrays, feeds[step]))
             last = i == len(schedule) - 1
             ckpt_now = checkpoint_every and (step + 1) % checkpoint_every == 0
             epoch_end = (step + 1) % per_epoch == 0
             if len(group) >= unroll or last or ckpt_now or (epoch_end and validation):
-                state, losses = run_steps(
-                    c, plans, group, state, constants, seed=seed, token=token
-                )
+                state, losses = run_steps(c, plans, group, state, constants, seed=seed, token=token)
                 collector.add(losses)
                 collector.collect(keep_last=len(losses))
                 group = []
                 if ckpt_now:
                     collector.collect()
                     arrays_now = state.gather(c, tg.graph.types)
-                    checkpoint.save(checkpoint_dir, step + 1, arrays_now,
-                                    {"seed": seed, "batch_size": batch_size})
+                    checkpoint.save(
+                        checkpoint_dir,
+                        step + 1,
+                        arrays_now,
+                        {"seed": seed, "batch_size": batch_size},
+                    )
                 if epoch_end and validation is not None:
                     collector.collect()
-                    metrics = evaluate(c, graph, state, tg, validation, loss, options,
-                                       batch_size, tiles, cores)
+                    metrics = evaluate(
+                        c, graph, state, tg, validation, loss, options, batch_size, tiles, cores
+                    )
                     for k, v in metrics.items():
                         history.setdefault(f"val_{k}", []).append(v)
         collector.collect()
@@ -316,8 +329,7 @@ def evaluate(client, graph, state, tg, validation, loss, options, batch_size, ti
             bg.inputs.append("labels")
             bg.types["labels"] = TensorType(yb.shape, yb.dtype)
             feeds["labels"] = yb
-            lname = build_loss(GradBuilder(bg, phase="loss"), loss, [out_name], "labels",
-                               **options)
+            lname = build_loss(GradBuilder(bg, phase="loss"), loss, [out_name], "labels", **options)
             bg.outputs = [lname, out_name]
         out = execute(make_plan(bg, tiles, cores=cores), feeds, client)
         if yv is not None and loss not in g.outputs:
@@ -360,8 +372,14 @@ def training_graph(
     labels = None
     if loss not in graph.outputs:
         labels = TensorType(labels_shape or (batch_size,), labels_dtype)
-    tg = build_training_graph(graph, {graph.inputs[0]: TensorType(shape, dtype)}, loss=loss,
-                              optimizer=optimizer, labels=labels, frozen=frozen)
+    tg = build_training_graph(
+        graph,
+        {graph.inputs[0]: TensorType(shape, dtype)},
+        loss=loss,
+        optimizer=optimizer,
+        labels=labels,
+        frozen=frozen,
+    )
     m = from_ir(tg.graph, symbolic=False)
     onnx.checker.check_model(m)
     return m

@@ -18,6 +18,15 @@ def client():
         yield c
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_backend_cluster():
+    """Shut the ONNX backend's shared cluster down while pytest still captures logs."""
+    yield
+    from dfdl.onnx_backend import close_shared_client
+
+    close_shared_client()
+
+
 def pytest_terminal_summary(terminalreporter):
     """Print how many ONNX backend node tests ran and passed, per tiling."""
     for tiling in ("default", "uneven"):

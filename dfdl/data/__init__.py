@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dfdl.data.sources import ArraySource, as_source
 from dfdl.data.order import batch_plan
+from dfdl.data.sources import ArraySource, as_source
 
 __all__ = ["ArraySource", "as_source", "batch_plan"]

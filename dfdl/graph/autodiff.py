@@ -104,9 +104,7 @@ class GradBuilder:
             return grad
         lead = len(shape) - len(target.shape)
         axes = list(range(lead)) + [
-            lead + i
-            for i, d in enumerate(target.shape)
-            if d == 1 and shape[lead + i] != 1
+            lead + i for i, d in enumerate(target.shape) if d == 1 and shape[lead + i] != 1
         ]
         out = grad
         if axes:

@@ -2,8 +2,8 @@
 
 One task per node tile, keyed ``(f"{node}-{phase}-{token}", step, *tile_index)`` so the
 Dask dashboard groups tasks by ONNX node name and phase (``key_split`` drops the 8-hex
-run token, which keeps two runs on one cluster from sharing keys). Contracted axes give partial tiles
-(``f"{node}-{phase}-partial"``) summed by a fixed-order tree with bounded fan-in
+run token, which keeps two runs on one cluster from sharing keys). Contracted axes give
+partial tiles (``f"{node}-{phase}-partial"``) summed by a fixed-order tree with bounded fan-in
 (``f"{node}-{phase}-sum"``). Input regions that are not exactly one producer tile are
 sliced or assembled inside the consuming task, reading only the tiles they overlap.
 
@@ -265,10 +265,7 @@ def lower(
     for name, tiles in sources.items():
         b.tiles[name] = _TensorTiles(
             plan.chunks[name],
-            {
-                k: (v.ref, v.pos) if isinstance(v, Picked) else (v, None)
-                for k, v in tiles.items()
-            },
+            {k: (v.ref, v.pos) if isinstance(v, Picked) else (v, None) for k, v in tiles.items()},
         )
     for np_ in plan.nodes:
         b.add_node(np_)

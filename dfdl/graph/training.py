@@ -72,9 +72,7 @@ class TrainingGraph:
 
     def carried(self) -> list[str]:
         """Inputs whose values carry over from step to step."""
-        return (
-            self.params + [s for p in self.params for s in self.states[p]] + self.buffers
-        )
+        return self.params + [s for p in self.params for s in self.states[p]] + self.buffers
 
 
 def _const_inputs(graph: Graph) -> set[str]:
@@ -259,11 +257,10 @@ def _used(graph: Graph, name: str) -> bool:
 
 def _fresh(graph: Graph, base: str) -> str:
     name, k = base, 0
-    taken = set(graph.inputs) | set(graph.initializers) | {
-        o for n in graph.nodes for o in n.outputs
-    }
+    taken = (
+        set(graph.inputs) | set(graph.initializers) | {o for n in graph.nodes for o in n.outputs}
+    )
     while name in taken:
         k += 1
         name = f"{base}_{k}"
     return name
-

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from dask.task_spec import DataNode, Task, TaskRef
 
+from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
@@ -72,19 +73,29 @@ class ClusterState:
         for (name, idx, r), v in zip(flat, got):
             if name not in out:
                 out[name] = np.empty(types[name].shape, dtype=types[name].dtype)
-            out[name][tile_regions(self.chunks[name])[idx]] = v[r.pos] if isinstance(r, Picked) else v
+            out[name][tile_regions(self.chunks[name])[idx]] = (
+                v[r.pos] if isinstance(r, Picked) else v
+            )
         return out
 
 
-def _batch_sources(
-    plan: Plan, arrays: Mapping[str, np.ndarray], step: int, client, dsk, keep, token: str
-):
+def _batch_sources(plan: Plan, arrays: Mapping[str, Any], step: int, client, dsk, keep, token: str):
+    """Batch tiles: embedded data, scattered data, or tasks reading rows on a worker."""
     sources = {}
     big = {}
     for name, value in arrays.items():
         refs = {}
+        base = task_name(f"{name}-input", token)
+        if isinstance(value, FileRows):
+            for idx, region in tile_regions(plan.chunks[name]).items():
+                key = (base, step, *idx)
+                rows = value.indices[region[0]] if region else value.indices
+                dsk[key] = Task(key, read_rows, value.path, value.kind, rows, region[1:])
+                refs[idx] = TaskRef(key)
+            sources[name] = refs
+            continue
         for idx, tile in split_tiles(value, plan.chunks[name]).items():
-            key = (task_name(f"{name}-input", token), step, *idx)
+            key = (base, step, *idx)
             if tile.nbytes > EMBED_BYTES:
                 big[key] = tile
             else:
@@ -106,7 +117,7 @@ class StepInput:
     """Everything one step needs from the host."""
 
     step: int
-    arrays: dict[str, np.ndarray]  # batch data and labels
+    arrays: dict[str, Any]  # batch data and labels: numpy arrays or FileRows
     scalars: dict[str, float]
 
 
@@ -138,8 +149,12 @@ def run_steps(
             sources[name] = {(): TaskRef(key)}
         for name in tg.carried():
             sources[name] = _rechunked(
-                refs[name], chunks[name], plan.chunks[name], task_name(f"{name}-rechunk", token),
-                dsk, s.step,
+                refs[name],
+                chunks[name],
+                plan.chunks[name],
+                task_name(f"{name}-rechunk", token),
+                dsk,
+                s.step,
             )
         for name in _read_constants(plan):
             sources[name] = constants.tiles(name, plan.graph.initializers[name], plan.chunks[name])
@@ -156,7 +171,8 @@ def run_steps(
         ((_, (lkey, lpos)),) = outs[tg.loss].items()
         loss_keys.append((s.step, (lkey, lpos)))
     wanted = sorted(
-        {_key(r) for tiles in refs.values() for r in tiles.values()} | {k for _, (k, _) in loss_keys},
+        {_key(r) for tiles in refs.values() for r in tiles.values()}
+        | {k for _, (k, _) in loss_keys},
         key=str,
     )
     futures = dict(zip(wanted, client.get(dsk, wanted, sync=False)))
@@ -215,9 +231,7 @@ def _rechunked(tiles, have, want, name, dsk, step):
     for idx, region in tile_regions(want).items():
         pieces, args = [], []
         for hidx, hreg in have_regions.items():
-            inter = [
-                (max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(region, hreg)
-            ]
+            inter = [(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(region, hreg)]
             if any(lo >= hi for lo, hi in inter):
                 continue
             ref = tiles[hidx]
