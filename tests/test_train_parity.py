@@ -120,11 +120,15 @@ def torch_train(module, X, y, batch: int, make_optimizer) -> list[float]:
     return losses
 
 
-def check_parity(client, name: str, optimizer: str, exporter: str = "dynamo") -> None:
+def check_parity(
+    client, name: str, optimizer: str, exporter: str = "dynamo", frozen: tuple[str, ...] = ()
+) -> None:
     kwargs, batch = MODELS[name]
     X, y = make_data(name, kwargs, batch)
     twin, model = twin_and_export(name, kwargs, X, exporter)
     module = copy.deepcopy(twin)
+    for key, p in module.named_parameters():
+        p.requires_grad_(key not in frozen)
     make_dfdl, make_torch = OPTIMIZERS[optimizer]
     result = dfdl.train(
         model,
@@ -137,15 +141,28 @@ def check_parity(client, name: str, optimizer: str, exporter: str = "dynamo") ->
         client=client,
         progress=False,
         unroll=10,
+        frozen=frozen,
     )
     expected = torch_train(module, X, y, batch, make_torch)
 
     losses = result.history["loss"]
     assert len(losses) == STEPS
+    rel = np.abs(np.subtract(losses, expected)) / np.abs(expected)
+    print(f"{name} {optimizer} {exporter}: loss max rel error {rel.max():.3g}")
     np.testing.assert_allclose(losses, expected, rtol=LOSS_RTOL, atol=0)
     assert expected[-1] != expected[0]  # the weights did move
 
-    params = dict(module.named_parameters())
+    # running means follow the same recurrence in both (ONNX momentum 0.9 = torch's 0.1);
+    # running variances do not (biased vs unbiased batch variance, see the module doc)
+    buffers = dict(module.named_buffers())
+    for key in (k for k in buffers if k.endswith("running_mean")):
+        want = buffers[key].numpy()
+        np.testing.assert_allclose(result.params[key], want, rtol=0, atol=1e-4, err_msg=key)
+        var = result.params[key.replace("running_mean", "running_var")]
+        tvar = buffers[key.replace("running_mean", "running_var")].numpy()
+        print(f"{key}: running_var dfdl/torch {np.min(var / tvar):.4f}..{np.max(var / tvar):.4f}")
+
+    params = {k: p for k, p in module.named_parameters() if k not in frozen}
     assert set(result.params) - set(dict(module.named_buffers())) == set(params)
     for key, p in params.items():
         want = p.detach().numpy()
@@ -154,6 +171,7 @@ def check_parity(client, name: str, optimizer: str, exporter: str = "dynamo") ->
         # relative to the tensor's scale: elements near 0 compare at its magnitude
         scale = float(np.abs(want).max())
         err = float(np.abs(got - want).max())
+        print(f"{name} {optimizer} {exporter} {key}: max error {err:.3g} / scale {scale:.3g}")
         assert err <= WEIGHT_RTOL * scale, f"{key}: max error {err:.3g}, scale {scale:.3g}"
         assert not np.array_equal(want, twin.state_dict()[key].numpy()), f"{key} did not train"
 
@@ -175,4 +193,8 @@ def test_unet3d_per_voxel_cross_entropy(client, optimizer):
 
 
 def test_transformer_without_dropout(client):
-    check_parity(client, "transformer", "adamw")
+    # The key projection's bias shifts every score of a softmax row by the same amount,
+    # so its gradient is 0 in exact arithmetic: both frameworks get rounding noise there,
+    # which Adam normalizes into full-size steps of random sign. It is frozen in both.
+    frozen = tuple(f"layers.{i}.attn.k.bias" for i in range(MODELS["transformer"][0]["layers"]))
+    check_parity(client, "transformer", "adamw", frozen=frozen)
