@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -80,7 +81,7 @@ def _number(name: str, value, low: float = 0.0, high: float | None = None, *, op
     return v
 
 
-class Optimizer:
+class Optimizer(abc.ABC):
     """Base class: learning rate, schedule and gradient clipping.
 
     Args:
@@ -157,11 +158,11 @@ class Optimizer:
 
     # ----------------------------------------------------------------- graph side
 
+    @abc.abstractmethod
     def emit(
         self, b, param: str, grad: str, state: list[str], lr: str, step_inputs: Mapping[str, str]
     ) -> tuple[str, list[str]]:
         """Append the update of one parameter; returns (new param, new state names)."""
-        raise NotImplementedError
 
     def emit_step(
         self,
