@@ -169,7 +169,7 @@ def train(
     if not model_loss and y is None:
         raise DataError(f"loss {loss!r} needs labels: pass data=(X, y)")
     cache: dict[int, StepPlan] = {}
-    cores = None
+    cores = total_threads(client) if client is not None else default_workers()
 
     def plans(b: int) -> StepPlan:
         if b not in cache:
@@ -185,10 +185,9 @@ def train(
                 seed=seed,
                 loss_options=options,
             )
-            cache[b] = StepPlan(tg, make_plan(tg.graph, tiles, cores=cores or 1))
+            cache[b] = StepPlan(tg, make_plan(tg.graph, tiles, cores=cores))
         return cache[b]
 
-    cores = total_threads(client) if client is not None else default_workers()
     first = plans(min(batch_size, n))  # model/data mismatches raise here, before any task
     if y is not None and not model_loss:
         _check_labels(y, first.tg, loss, options)
