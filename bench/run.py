@@ -1,0 +1,317 @@
+"""Training benchmark: ``dfdl.train`` against the PyTorch twin on the model zoo.
+
+For each workload, times training steps of
+
+* ``dfdl.train`` on dfdl's embedded cluster (:func:`dfdl.scheduler.cluster.local_cluster`,
+  one single-threaded worker process per core) started once and reused, or on the
+  cluster at ``--scheduler ADDRESS``,
+* the model's torch twin with the same initial weights (``load_onnx_weights``), in
+  ``.train()`` mode, fp32, same batch size, same optimizer and hyperparameters,
+  ``torch.set_num_threads(os.cpu_count())``,
+
+in alternation (dfdl, torch, dfdl, torch, ...; ``--rounds`` rounds, at least 2).
+
+Step time, dfdl: dfdl exposes no per-step timing, and every ``dfdl.train`` call carries a
+fixed cost (building the training graph, planning, scattering weights, gathering them
+back). Each round therefore runs ``dfdl.train`` twice on the same data, once for
+``W + N`` steps and once for ``W`` steps (W = ``--warmup``, N = ``--steps``), and takes
+``(t(W + N) - t(W)) / N`` as the step time: the fixed cost and the warm-up steps cancel.
+Steps are submitted ``unroll`` (default 4) at a time, so the estimate is the steady-state
+throughput of the pipeline, not the latency of one step.
+
+Step time, torch: per round, W untimed steps, then N steps timed one by one (forward,
+loss, backward, optimizer step). Reported figures are medians over rounds (dfdl) or over
+all timed steps (torch).
+
+FLOPs: 3x the forward FLOPs of Gemm/MatMul/Conv/ConvTranspose (1x forward, 2x backward
+for the input and weight gradients), counted from the static shapes of
+``dfdl.plan(model, batch_size=..., dims=...).graph``: a multiply-add is 2 FLOPs;
+Gemm/MatMul 2*prod(output)*K; Conv 2*prod(output)*prod(W.shape[1:]); ConvTranspose
+2*prod(input)*prod(W.shape[1:]). Elementwise ops, norms, softmax, the loss and the
+optimizer update are not counted. GFLOP/s are compared with the machine's matmul rate,
+measured in the same run (numpy float32 4096x4096 @ 4096x4096, best of 3).
+
+The full-size workloads (``--full``, the sizes of the issue) take far longer than 10
+minutes on a small machine, so the default is ``--small``: every workload scaled down
+about 8x (batch or volume).
+
+Usage:
+    python bench/run.py [--workload mlp resnet unet3d transformer] [--steps N] [--warmup W]
+        [--rounds R] [--full] [--json out.json] [--scheduler ADDRESS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import dfdl
+from dfdl.models import ZOO, example_inputs
+from dfdl.scheduler.cluster import default_workers, local_cluster
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from forward import _machine  # noqa: E402  (bench/ is not a package)
+
+#: name -> (builder kwargs, batch, optimizer kind, optimizer kwargs, dims for dfdl.plan)
+FULL: dict[str, tuple[dict, int, str, dict, dict]] = {
+    "mlp": (dict(sizes=(784, 4096, 4096, 4096, 10)), 1024, "sgd", dict(lr=0.01, momentum=0.9), {}),
+    "resnet": (
+        dict(in_channels=3, image_size=32, stem=64, stages=(64, 128, 256), blocks_per_stage=2),
+        128,
+        "sgd",
+        dict(lr=0.01, momentum=0.9),
+        {},
+    ),
+    "unet3d": (
+        dict(in_channels=1, base=16, levels=3, volume=64, num_classes=2),
+        2,
+        "adam",
+        dict(lr=1e-3),
+        {},
+    ),
+    "transformer": (
+        dict(vocab=1000, d_model=512, heads=8, ff=2048, layers=4, seq=256),
+        16,
+        "adamw",
+        dict(lr=1e-3, weight_decay=1e-2),
+        {"seq": 256},
+    ),
+}
+
+#: about 8x less work per step: 8x smaller batch, or 8x fewer voxels for unet3d
+SMALL: dict[str, tuple[dict, int, str, dict, dict]] = {
+    "mlp": (*FULL["mlp"][:1], 128, *FULL["mlp"][2:]),
+    "resnet": (*FULL["resnet"][:1], 16, *FULL["resnet"][2:]),
+    "unet3d": ({**FULL["unet3d"][0], "volume": 32}, 2, *FULL["unet3d"][2:]),
+    "transformer": (*FULL["transformer"][:1], 2, *FULL["transformer"][2:]),
+}
+
+
+def matmul_gflops(n: int = 4096, repeat: int = 3) -> float:
+    """GFLOP/s of a numpy float32 n x n matmul, best of ``repeat``."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def forward_flops(model, batch: int, dims: dict) -> int:
+    """Forward FLOPs of Gemm/MatMul/Conv/ConvTranspose from the plan's static shapes."""
+    graph = dfdl.plan(model, batch_size=batch, dims=dims or None).graph
+    shape = {k: tuple(t.shape) for k, t in graph.types.items()}
+    for k, v in graph.initializers.items():
+        shape.setdefault(k, np.shape(v))
+    total = 0
+    for node in graph.nodes:
+        op = node.op_type
+        if op == "Gemm":
+            a = shape[node.inputs[0]]
+            k = a[0] if node.attrs.get("transA", 0) else a[1]
+            total += 2 * math.prod(shape[node.outputs[0]]) * k
+        elif op == "MatMul":
+            total += 2 * math.prod(shape[node.outputs[0]]) * shape[node.inputs[0]][-1]
+        elif op == "Conv":
+            total += 2 * math.prod(shape[node.outputs[0]]) * math.prod(shape[node.inputs[1]][1:])
+        elif op == "ConvTranspose":
+            total += 2 * math.prod(shape[node.inputs[0]]) * math.prod(shape[node.inputs[1]][1:])
+    return total
+
+
+def make_data(name: str, kw: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` random samples and integer labels (per voxel for unet3d)."""
+    x = next(iter(example_inputs(name, batch=n, **kw).values()))
+    rng = np.random.default_rng(1)
+    classes = kw.get("num_classes", 10 if name != "mlp" else kw["sizes"][-1])
+    if name == "unet3d":
+        y = rng.integers(0, classes, size=(n, *x.shape[2:]), dtype=np.int64)
+    else:
+        y = rng.integers(0, classes, size=(n,), dtype=np.int64)
+    return x, y
+
+
+def _dfdl_optimizer(kind: str, okw: dict):
+    return {"sgd": dfdl.optim.SGD, "adam": dfdl.optim.Adam, "adamw": dfdl.optim.AdamW}[kind](**okw)
+
+
+def _torch_stepper(name: str, kw: dict, model, kind: str, okw: dict, x, y, batch: int):
+    import torch
+    import torch.nn.functional as F
+
+    from dfdl.models.torch_twins import load_onnx_weights, twin
+
+    module = load_onnx_weights(twin(name, **kw), model).train()
+    opt_cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    opt = opt_cls[kind](module.parameters(), **okw)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    n_batches = len(x) // batch
+    state = {"i": 0}
+
+    def step() -> float:
+        i = state["i"] % n_batches
+        state["i"] += 1
+        sl = slice(i * batch, (i + 1) * batch)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(module(xt[sl]), yt[sl])
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+
+    return step
+
+
+def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client) -> dict:
+    """Times dfdl and torch on one workload; returns a JSON-ready record."""
+    kw, batch, kind, okw, dims = cfg
+    model = ZOO[name](**kw)
+    x, y = make_data(name, kw, batch * (warmup + steps))
+    fwd = forward_flops(model, batch, dims)
+    step_flops = 3 * fwd
+
+    def dfdl_time(k: int) -> float:
+        t0 = time.perf_counter()
+        dfdl.train(
+            model,
+            (x, y),
+            optimizer=_dfdl_optimizer(kind, okw),
+            batch_size=batch,
+            steps=k,
+            shuffle=False,
+            client=client,
+            progress=False,
+        )
+        return time.perf_counter() - t0
+
+    torch_step = _torch_stepper(name, kw, model, kind, okw, x, y, batch)
+    dfdl_steps: list[float] = []
+    dfdl_runs: list[tuple[float, float]] = []
+    torch_steps: list[float] = []
+    for _ in range(rounds):
+        t_long = dfdl_time(warmup + steps)
+        t_short = dfdl_time(warmup) if warmup > 0 else 0.0
+        dfdl_runs.append((t_long, t_short))
+        dfdl_steps.append((t_long - t_short) / steps)
+        for _ in range(warmup):
+            torch_step()
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            torch_step()
+            torch_steps.append(time.perf_counter() - t0)
+        t_med = statistics.median(torch_steps[-steps:])
+        msg = f"  {name}: dfdl {dfdl_steps[-1]:.3f} s/step, torch {t_med:.3f} s/step"
+        print(msg, file=sys.stderr, flush=True)
+    rec = {
+        "workload": name,
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()},
+        "batch": batch,
+        "optimizer": {"kind": kind, **okw},
+        "steps": steps,
+        "warmup": warmup,
+        "rounds": rounds,
+        "forward_gflop_per_step": fwd / 1e9,
+        "train_gflop_per_step": step_flops / 1e9,
+        "backends": {},
+    }
+    for backend, ts in (("dfdl", dfdl_steps), ("torch", torch_steps)):
+        med = statistics.median(ts)
+        rec["backends"][backend] = {
+            "step_seconds": ts,
+            "median_step_s": med,
+            "samples_per_s": batch / med if med > 0 else math.inf,
+            "gflop_per_s": step_flops / med / 1e9 if med > 0 else math.inf,
+        }
+    rec["backends"]["dfdl"]["train_call_seconds_long_short"] = dfdl_runs
+    b = rec["backends"]
+    rec["dfdl_over_torch_samples_per_s"] = b["dfdl"]["samples_per_s"] / b["torch"]["samples_per_s"]
+    return rec
+
+
+def _table(records: list[dict], matmul: float) -> str:
+    head = (
+        f"{'workload':12s} {'batch':>5s} {'GFLOP/step':>10s}"
+        f" {'dfdl s/step':>11s} {'samples/s':>9s} {'GFLOP/s':>8s}"
+        f" {'torch s/step':>12s} {'samples/s':>9s} {'GFLOP/s':>8s} {'dfdl/torch':>10s}"
+        f" {'dfdl %mm':>8s} {'torch %mm':>9s}"
+    )
+    lines = [head]
+    for r in records:
+        d, t = r["backends"]["dfdl"], r["backends"]["torch"]
+        lines.append(
+            f"{r['workload']:12s} {r['batch']:5d} {r['train_gflop_per_step']:10.2f}"
+            f" {d['median_step_s']:11.3f} {d['samples_per_s']:9.1f} {d['gflop_per_s']:8.1f}"
+            f" {t['median_step_s']:12.3f} {t['samples_per_s']:9.1f} {t['gflop_per_s']:8.1f}"
+            f" {r['dfdl_over_torch_samples_per_s']:10.3f}"
+            f" {100 * d['gflop_per_s'] / matmul:7.1f}% {100 * t['gflop_per_s'] / matmul:8.1f}%"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Parses arguments, runs the benchmark, prints the table and writes JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", nargs="+", choices=list(FULL), default=list(FULL))
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per round")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per round")
+    parser.add_argument("--rounds", type=int, default=2, help="dfdl/torch rounds (>= 2)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--small", action="store_true", help="~8x smaller workloads (default)")
+    size.add_argument("--full", action="store_true", help="the issue's full-size workloads")
+    parser.add_argument("--json", default=None, help="write the results to this file")
+    parser.add_argument("--scheduler", default=None, help="address of an existing cluster")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 2:
+        parser.error("need --steps >= 1, --warmup >= 0, --rounds >= 2")
+    import torch
+    from distributed import Client
+
+    torch.set_num_threads(os.cpu_count())
+    configs = FULL if args.full else SMALL
+    machine = _machine()  # before the cluster starts: load average of other jobs
+    machine.update(os_cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
+    machine["matmul_gflops"] = mm = matmul_gflops()
+    print(f"numpy float32 4096^2 matmul: {mm:.1f} GFLOP/s", file=sys.stderr, flush=True)
+    records = []
+    if args.scheduler:
+        cluster, client = None, Client(args.scheduler)
+    else:
+        cluster = local_cluster()
+        client = Client(cluster)
+    try:
+        machine["dfdl_workers"] = len(client.scheduler_info()["workers"])
+        for name in args.workload:
+            records.append(
+                bench_workload(name, configs[name], args.steps, args.warmup, args.rounds, client)
+            )
+            print(f"done {name}", file=sys.stderr, flush=True)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    machine["loadavg_end"] = os.getloadavg()
+    print(_table(records, mm))
+    start, end = machine["loadavg_start"][0], machine["loadavg_end"][0]
+    print(
+        f"{'full' if args.full else 'small'} workloads; steps={args.steps} warmup={args.warmup}"
+        f" rounds={args.rounds}; {default_workers()} cores; matmul {mm:.1f} GFLOP/s;"
+        f" 1-min load average {start:.1f} at start, {end:.1f} at end"
+    )
+    print("%mm: achieved GFLOP/s (3x forward Gemm/MatMul/Conv FLOPs) / numpy matmul GFLOP/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine, "args": vars(args), "results": records}, f, indent=2)
+    return records
+
+
+if __name__ == "__main__":
+    main()
