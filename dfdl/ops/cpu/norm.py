@@ -73,19 +73,26 @@ def _instance_norm(x, scale, bias, eps, y):
 
 
 @numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _row_stats(row, eps):
+    """(mean, 1/sqrt(var + eps)) of a 1-D row, two-pass (biased variance)."""
+    K = row.shape[0]
+    s1 = 0.0
+    for k in range(K):
+        s1 += row[k]
+    m = s1 / K
+    s2 = 0.0
+    for k in range(K):
+        d = row[k] - m
+        s2 += d * d
+    return m, 1.0 / math.sqrt(s2 / K + eps)
+
+
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
 def _layer_norm_rows(x, scale, bias, eps, y, mean, inv):
     """Row-wise layer norm of x (R, K): stats stored in mean/inv (their dtype = stash)."""
     R, K = x.shape
     for r in range(R):
-        s1 = 0.0
-        for k in range(K):
-            s1 += x[r, k]
-        m = s1 / K
-        s2 = 0.0
-        for k in range(K):
-            d = x[r, k] - m
-            s2 += d * d
-        iv = 1.0 / math.sqrt(s2 / K + eps)
+        m, iv = _row_stats(x[r], eps)
         mean[r] = m
         inv[r] = iv
         for k in range(K):
@@ -255,15 +262,7 @@ def _layer_norm_grad_rows(x, dy, scale, dmean, dinv, eps, dx):
     """Row-wise layer-norm backward of x (R, K) with the Mean/InvStdDev gradients."""
     R, K = x.shape
     for r in range(R):
-        s1 = 0.0
-        for k in range(K):
-            s1 += x[r, k]
-        m = s1 / K
-        s2 = 0.0
-        for k in range(K):
-            d = x[r, k] - m
-            s2 += d * d
-        inv = 1.0 / math.sqrt(s2 / K + eps)
+        m, inv = _row_stats(x[r], eps)
         sg = 0.0
         sgx = 0.0
         for k in range(K):
@@ -286,15 +285,7 @@ def _layer_norm_param_grad(x, dy, eps, out):
     R, M, K = x.shape
     for r in range(R):
         for j in range(M):
-            s1 = 0.0
-            for k in range(K):
-                s1 += x[r, j, k]
-            m = s1 / K
-            s2 = 0.0
-            for k in range(K):
-                d = x[r, j, k] - m
-                s2 += d * d
-            inv = 1.0 / math.sqrt(s2 / K + eps)
+            m, inv = _row_stats(x[r, j], eps)
             for k in range(K):
                 g = dy[r, j, k]
                 out[0, j, k] += g * (x[r, j, k] - m) * inv
