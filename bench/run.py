@@ -31,13 +31,26 @@ Gemm/MatMul 2*prod(output)*K; Conv 2*prod(output)*prod(W.shape[1:]); ConvTranspo
 optimizer update are not counted. GFLOP/s are compared with the machine's matmul rate,
 measured in the same run (numpy float32 4096x4096 @ 4096x4096, best of 3).
 
+Time outside kernels: the long and short ``dfdl.train`` calls run under Dask's task
+stream (``distributed.get_task_stream``); the thread-seconds workers spent executing
+tasks (the "compute" intervals: tile kernels and the tile bookkeeping around them) over
+the N extra steps, divided by N, is the kernel time per step; the rest of
+``threads x step time`` is outside kernels: scheduling, idle threads waiting on
+dependencies, transfers (the task stream's "transfer" intervals, reported separately)
+and graph building on the client (``TrainResult.timings``, reported separately).
+
+Cold and warm start: a fresh process (``--first-step``) starts the embedded cluster and
+times two one-step ``dfdl.train`` calls; the first pays for numba compilation (cold: an
+empty ``NUMBA_CACHE_DIR``; warm: the cache the cold run filled) and first imports, the
+second does not. The difference is the start-up cost over a steady call.
+
 The full-size workloads (``--full``, the sizes of the issue) take far longer than 10
 minutes on a small machine, so the default is ``--small``: every workload scaled down
 about 8x (batch or volume).
 
 Usage:
     python bench/run.py [--workload mlp resnet unet3d transformer] [--steps N] [--warmup W]
-        [--rounds R] [--full] [--json out.json] [--scheduler ADDRESS]
+        [--rounds R] [--full] [--json out.json] [--scheduler ADDRESS] [--no-start]
 """
 
 from __future__ import annotations
@@ -54,7 +67,7 @@ import numpy as np
 
 import dfdl
 from dfdl.models import ZOO, example_inputs
-from dfdl.scheduler.cluster import default_workers, local_cluster
+from dfdl.scheduler.cluster import default_workers, local_cluster, total_threads
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from forward import _machine  # noqa: E402  (bench/ is not a package)
@@ -129,6 +142,62 @@ def forward_flops(model, batch: int, dims: dict) -> int:
     return total
 
 
+def _stream_seconds(records: list[dict]) -> dict[str, float]:
+    """Thread-seconds of task execution ("compute") and transfers in task-stream data."""
+    out = {"compute_s": 0.0, "transfer_s": 0.0}
+    for rec in records:
+        for ss in rec.get("startstops", ()):
+            if ss["action"] in ("compute", "transfer"):
+                out[f"{ss['action']}_s"] += ss["stop"] - ss["start"]
+    return out
+
+
+def first_step(name: str, full: bool) -> dict:
+    """In this (fresh) process: start the embedded cluster, time two one-step trains."""
+    kw, batch, kind, okw, _dims = (FULL if full else SMALL)[name]
+    model = ZOO[name](**kw)
+    x, y = make_data(name, kw, batch)
+    from distributed import Client
+
+    t0 = time.perf_counter()
+    with local_cluster() as cluster, Client(cluster) as client:
+        out = {"cluster_start_s": time.perf_counter() - t0}
+        for label in ("first_call_s", "second_call_s"):
+            t0 = time.perf_counter()
+            dfdl.train(
+                model,
+                (x, y),
+                optimizer=_dfdl_optimizer(kind, okw),
+                batch_size=batch,
+                steps=1,
+                shuffle=False,
+                client=client,
+                progress=False,
+            )
+            out[label] = time.perf_counter() - t0
+    out["start_overhead_s"] = out["first_call_s"] - out["second_call_s"]
+    return out
+
+
+def start_costs(name: str, full: bool) -> dict:
+    """Cold- and warm-cache start costs, each measured in a fresh process."""
+    import subprocess
+    import tempfile
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="dfdl-numba-cache-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        for label in ("cold", "warm"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--first-step", name]
+            cmd += ["--full"] if full else []
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"--first-step {name} failed:\n{done.stderr[-2000:]}")
+            out[label] = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"  {name} {label} start: {out[label]}", file=sys.stderr, flush=True)
+    return out
+
+
 def make_data(name: str, kw: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
     """``n`` random samples and integer labels (per voxel for unet3d)."""
     x = next(iter(example_inputs(name, batch=n, **kw).values()))
@@ -179,29 +248,40 @@ def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client)
     fwd = forward_flops(model, batch, dims)
     step_flops = 3 * fwd
 
-    def dfdl_time(k: int) -> float:
+    threads = total_threads(client)
+
+    def dfdl_time(k: int) -> tuple[float, dict]:
+        from distributed import get_task_stream
+
         t0 = time.perf_counter()
-        dfdl.train(
-            model,
-            (x, y),
-            optimizer=_dfdl_optimizer(kind, okw),
-            batch_size=batch,
-            steps=k,
-            shuffle=False,
-            client=client,
-            progress=False,
-        )
-        return time.perf_counter() - t0
+        with get_task_stream(client) as ts:
+            res = dfdl.train(
+                model,
+                (x, y),
+                optimizer=_dfdl_optimizer(kind, okw),
+                batch_size=batch,
+                steps=k,
+                shuffle=False,
+                client=client,
+                progress=False,
+            )
+        wall = time.perf_counter() - t0
+        return wall, {**_stream_seconds(ts.data), **res.timings}
 
     torch_step = _torch_stepper(name, kw, model, kind, okw, x, y, batch)
     dfdl_steps: list[float] = []
     dfdl_runs: list[tuple[float, float]] = []
     torch_steps: list[float] = []
+    breakdowns: list[dict] = []
     for _ in range(rounds):
-        t_long = dfdl_time(warmup + steps)
-        t_short = dfdl_time(warmup) if warmup > 0 else 0.0
+        t_long, b_long = dfdl_time(warmup + steps)
+        t_short, b_short = dfdl_time(warmup) if warmup > 0 else (0.0, {})
         dfdl_runs.append((t_long, t_short))
-        dfdl_steps.append((t_long - t_short) / steps)
+        step_s = (t_long - t_short) / steps
+        dfdl_steps.append(step_s)
+        per_step = {k: (b_long[k] - b_short.get(k, 0.0)) / steps for k in b_long}
+        per_step["outside_kernels_share"] = 1 - per_step["compute_s"] / (threads * step_s)
+        breakdowns.append(per_step)
         for _ in range(warmup):
             torch_step()
         for _ in range(steps):
@@ -232,6 +312,11 @@ def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client)
             "gflop_per_s": step_flops / med / 1e9 if med > 0 else math.inf,
         }
     rec["backends"]["dfdl"]["train_call_seconds_long_short"] = dfdl_runs
+    rec["backends"]["dfdl"]["threads"] = threads
+    rec["backends"]["dfdl"]["per_step_breakdown"] = breakdowns
+    rec["backends"]["dfdl"]["outside_kernels_share"] = statistics.median(
+        b["outside_kernels_share"] for b in breakdowns
+    )
     b = rec["backends"]
     rec["dfdl_over_torch_samples_per_s"] = b["dfdl"]["samples_per_s"] / b["torch"]["samples_per_s"]
     return rec
@@ -242,7 +327,7 @@ def _table(records: list[dict], matmul: float) -> str:
         f"{'workload':12s} {'batch':>5s} {'GFLOP/step':>10s}"
         f" {'dfdl s/step':>11s} {'samples/s':>9s} {'GFLOP/s':>8s}"
         f" {'torch s/step':>12s} {'samples/s':>9s} {'GFLOP/s':>8s} {'dfdl/torch':>10s}"
-        f" {'dfdl %mm':>8s} {'torch %mm':>9s}"
+        f" {'dfdl %mm':>8s} {'torch %mm':>9s} {'outside':>7s} {'cold+s':>6s} {'warm+s':>6s}"
     )
     lines = [head]
     for r in records:
@@ -253,8 +338,15 @@ def _table(records: list[dict], matmul: float) -> str:
             f" {t['median_step_s']:12.3f} {t['samples_per_s']:9.1f} {t['gflop_per_s']:8.1f}"
             f" {r['dfdl_over_torch_samples_per_s']:10.3f}"
             f" {100 * d['gflop_per_s'] / matmul:7.1f}% {100 * t['gflop_per_s'] / matmul:8.1f}%"
+            f" {100 * d['outside_kernels_share']:6.1f}%"
+            f" {_start(r, 'cold'):>6s} {_start(r, 'warm'):>6s}"
         )
     return "\n".join(lines)
+
+
+def _start(rec: dict, which: str) -> str:
+    got = rec.get("start", {}).get(which)
+    return "-" if got is None else f"{got['start_overhead_s']:.1f}"
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -269,7 +361,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     size.add_argument("--full", action="store_true", help="the issue's full-size workloads")
     parser.add_argument("--json", default=None, help="write the results to this file")
     parser.add_argument("--scheduler", default=None, help="address of an existing cluster")
+    parser.add_argument(
+        "--no-start", action="store_true", help="skip the cold/warm start measurements"
+    )
+    parser.add_argument("--first-step", default=None, help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
+    if args.first_step:
+        print(json.dumps(first_step(args.first_step, args.full)))
+        return []
     if args.steps < 1 or args.warmup < 0 or args.rounds < 2:
         parser.error("need --steps >= 1, --warmup >= 0, --rounds >= 2")
     import torch
@@ -293,6 +392,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             records.append(
                 bench_workload(name, configs[name], args.steps, args.warmup, args.rounds, client)
             )
+            if not args.no_start:
+                records[-1]["start"] = start_costs(name, args.full)
             print(f"done {name}", file=sys.stderr, flush=True)
     finally:
         client.close()
@@ -307,6 +408,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f" 1-min load average {start:.1f} at start, {end:.1f} at end"
     )
     print("%mm: achieved GFLOP/s (3x forward Gemm/MatMul/Conv FLOPs) / numpy matmul GFLOP/s")
+    print("outside: share of dfdl's thread time per step not spent executing tasks")
+    print("cold+s / warm+s: first one-step train of a fresh process minus the second, seconds")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "args": vars(args), "results": records}, f, indent=2)

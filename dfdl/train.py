@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,11 +47,16 @@ class TrainResult:
             ``"val_loss"`` (and ``"val_accuracy"`` for classification) per epoch.
         model: the ONNX model with the trained initializers (and BatchNorm statistics).
         params: the trained parameters by name.
+        timings: seconds spent on the client: ``setup_s`` (loading, planning, sending
+            the initial weights), ``graph_s`` (building step graphs), ``submit_s``
+            (handing them to the scheduler), ``wait_s`` (waiting for losses and the
+            final weights; the cluster computes meanwhile), ``total_s``.
     """
 
     history: dict[str, list] = field(default_factory=dict)
     model: onnx.ModelProto | None = None
     params: dict[str, np.ndarray] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
 
     def save(self, path) -> None:
         """Write the trained model as an ONNX file (onnxruntime runs it)."""
@@ -145,6 +151,8 @@ def train(
     """
     from dfdl import optim
 
+    t_start = time.perf_counter()
+    timings = {"setup_s": 0.0, "graph_s": 0.0, "submit_s": 0.0, "wait_s": 0.0}
     optimizer = optimizer if optimizer is not None else optim.SGD(lr=0.01)
     options = dict(loss_options or {})
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -185,7 +193,7 @@ def train(
                 seed=seed,
                 loss_options=options,
             )
-            cache[b] = StepPlan(tg, make_plan(tg.graph, tiles, cores=cores))
+            cache[b] = StepPlan(tg, tg.plan(tiles, cores=cores))
         return cache[b]
 
     first = plans(min(batch_size, n))  # model/data mismatches raise here, before any task
@@ -247,6 +255,7 @@ def train(
 
         collector = LossCollector(c, on_loss)
         group: list[StepInput] = []
+        timings["setup_s"] = time.perf_counter() - t_start
         for i, (step, _epoch, idx) in enumerate(schedule):
             arrays = {graph.inputs[0]: X.batch(idx)}
             if y is not None and not model_loss:
@@ -256,9 +265,13 @@ def train(
             ckpt_now = checkpoint_every and (step + 1) % checkpoint_every == 0
             epoch_end = (step + 1) % per_epoch == 0
             if len(group) >= unroll or last or ckpt_now or (epoch_end and validation):
-                state, losses = run_steps(c, plans, group, state, constants, seed=seed, token=token)
+                state, losses = run_steps(
+                    c, plans, group, state, constants, seed=seed, token=token, timings=timings
+                )
                 collector.add(losses)
+                t_wait = time.perf_counter()
                 collector.collect(keep_last=len(losses))
+                timings["wait_s"] += time.perf_counter() - t_wait
                 group = []
                 if ckpt_now:
                     collector.collect()
@@ -276,13 +289,16 @@ def train(
                     )
                     for k, v in metrics.items():
                         history.setdefault(f"val_{k}", []).append(v)
+        t_wait = time.perf_counter()
         collector.collect()
         final = state.gather(c, tg.graph.types)
+        timings["wait_s"] += time.perf_counter() - t_wait
     if bar is not None:
         bar.close()
     history["loss"] = [losses_by_step[s] for s in sorted(losses_by_step)]
     params = {k: final[k] for k in tg.params + tg.buffers}
-    return TrainResult(history, _trained_model(proto, params), params)
+    timings["total_s"] = time.perf_counter() - t_start
+    return TrainResult(history, _trained_model(proto, params), params, timings)
 
 
 def _initial(graph, name: str) -> np.ndarray:

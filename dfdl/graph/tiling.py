@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -219,11 +219,13 @@ class _Policy:
         return even_chunks(size, parts)
 
 
-def _auto_tiles(graph: Graph, cores: int) -> dict[str, int]:
+def _auto_tiles(graph: Graph, cores: int, weights: set[str]) -> dict[str, int]:
     """Batch tiles from the cores and the activation sizes; model tiles stay 1."""
     batch = 0
     for name in graph.inputs:
         t = graph.types[name]
+        if name in weights:
+            continue
         if t.rank:
             batch = max(batch, t.shape[0])
     if batch <= 1:
@@ -233,11 +235,11 @@ def _auto_tiles(graph: Graph, cores: int) -> dict[str, int]:
     return {"batch": int(max(1, min(cores, batch, by_size))), "model": 1}
 
 
-def _policy(tiles, graph: Graph, cores: int) -> _Policy:
+def _policy(tiles, graph: Graph, cores: int, weights: set[str]) -> _Policy:
     if tiles == "uneven":
         return _Policy("uneven")
     if tiles is None:
-        tiles = _auto_tiles(graph, cores)
+        tiles = _auto_tiles(graph, cores, weights)
     if not isinstance(tiles, Mapping):
         raise PlanError(
             f"tiles must be None, 'uneven' or a dict like {{'batch': 4, 'model': 2}}, not {tiles!r}"
@@ -251,21 +253,25 @@ def _policy(tiles, graph: Graph, cores: int) -> _Policy:
     return _Policy("split", int(tiles.get("batch", 1)), int(tiles.get("model", 1)))
 
 
-def make_plan(graph: Graph, tiles=None, *, cores: int = 1) -> Plan:
+def make_plan(graph: Graph, tiles=None, *, cores: int = 1, weights: Collection[str] = ()) -> Plan:
     """Plan the tiling of a bound graph (see the module docstring).
 
     Args:
         graph: a graph after :func:`dfdl.graph.bind.bind` (static types everywhere).
         tiles: ``None`` (automatic), ``"uneven"``, or ``{"batch": b, "model": m}``.
         cores: worker threads of the target cluster (used by automatic planning).
+        weights: graph inputs that are parameters or optimizer state, not data (the
+            training graph's carried tensors): their axis 0 is not a batch axis, and
+            the axes they index are model axes, as for initializers.
 
     Returns:
         The :class:`Plan`.
     """
-    policy = _policy(tiles, graph, cores)
+    weights = set(weights)
+    policy = _policy(tiles, graph, cores, weights)
     roles: dict[tuple[str, int], set[str]] = {}
     for name in graph.inputs:
-        if graph.types[name].rank:
+        if graph.types[name].rank and name not in weights:
             roles[(name, 0)] = {"batch"}
     chunks: dict[str, Chunks] = {}
     node_plans: list[NodePlan] = []
@@ -278,7 +284,7 @@ def make_plan(graph: Graph, tiles=None, *, cores: int = 1) -> Plan:
         for name, s in zip(node.inputs, spec.inputs):
             if not name or s is None:
                 continue
-            is_weight = name in graph.initializers
+            is_weight = name in graph.initializers or name in weights
             for axis, ch in enumerate(s):
                 if ch == "." or graph.types[name].shape[axis] != sizes[ch]:
                     continue
@@ -302,9 +308,14 @@ def make_plan(graph: Graph, tiles=None, *, cores: int = 1) -> Plan:
         for name, s in present_outputs(node, spec):
             t = graph.types[name]
             chunks[name] = tuple((d,) if ch == "." else letters[ch] for ch, d in zip(s, t.shape))
+            same = _same_shape_input(node, graph, t)
             for axis, ch in enumerate(s):
                 if ch != ".":
                     roles[(name, axis)] = letter_roles[ch]
+                elif same is not None and (same, axis) in roles:
+                    # an axis this node keeps whole (BatchNorm's batch) is still the
+                    # batch axis for the consumers, which may split it again
+                    roles[(name, axis)] = roles[(same, axis)]
         np_ = NodePlan(node, spec, letters, sizes)
         node_plans.append(np_)
         task_bytes[node.name] = _max_task_bytes(np_, graph)
@@ -312,6 +323,14 @@ def make_plan(graph: Graph, tiles=None, *, cores: int = 1) -> Plan:
         if name not in chunks:
             chunks[name] = tuple((d,) for d in graph.types[name].shape)
     return Plan(graph, chunks, node_plans, tiles, task_bytes)
+
+
+def _same_shape_input(node: Node, graph: Graph, t: TensorType) -> str | None:
+    """The first input of ``node`` with the shape of output type ``t``, if any."""
+    for name in node.inputs:
+        if name and name in graph.types and graph.types[name].shape == t.shape:
+            return name
+    return None
 
 
 def _max_task_bytes(np_: NodePlan, graph: Graph) -> int:

@@ -74,6 +74,12 @@ class TrainingGraph:
         """Inputs whose values carry over from step to step."""
         return self.params + [s for p in self.params for s in self.states[p]] + self.buffers
 
+    def plan(self, tiles=None, *, cores: int = 1):
+        """The tiling plan of this graph; carried tensors are weights, not batch data."""
+        from dfdl.graph.tiling import make_plan
+
+        return make_plan(self.graph, tiles, cores=cores, weights=self.carried())
+
 
 def _const_inputs(graph: Graph) -> set[str]:
     """Values that some op needs as a plan-time constant."""

@@ -130,8 +130,14 @@ def run_steps(
     *,
     seed: int,
     token: str,
+    timings: dict[str, float] | None = None,
 ) -> tuple[ClusterState, list[tuple[int, Any]]]:
-    """Submit ``steps`` as one graph; returns the new state and (step, loss future) pairs."""
+    """Submit ``steps`` as one graph; returns the new state and (step, loss future) pairs.
+
+    ``timings`` (if given) accumulates seconds spent building the graph (``graph_s``)
+    and handing it to the scheduler (``submit_s``) on the client.
+    """
+    t0 = time.perf_counter()
     dsk: dict = {}
     keep: list = []
     refs = dict(state.refs)
@@ -175,7 +181,11 @@ def run_steps(
         | {k for _, (k, _) in loss_keys},
         key=str,
     )
+    t1 = time.perf_counter()
     futures = dict(zip(wanted, client.get(dsk, wanted, sync=False)))
+    if timings is not None:
+        timings["graph_s"] = timings.get("graph_s", 0.0) + t1 - t0
+        timings["submit_s"] = timings.get("submit_s", 0.0) + time.perf_counter() - t1
     new_refs = {
         name: {idx: _as_future(r, futures) for idx, r in tiles.items()}
         for name, tiles in refs.items()

@@ -225,3 +225,59 @@ def test_plan_errors():
     # numpy integers are fine
     p = dfdl.plan(model, batch_size=4, tiles={"batch": np.int64(2)})
     assert p.chunks["x"][0] == (2, 2)
+
+
+# ---- training graphs: parameters are not batch data ----------------------------------------
+
+
+def _training_plan(name: str, batch: int, tiles, cores: int = 2):
+    from dfdl.graph.onnx_io import to_ir
+    from dfdl.graph.training import build_training_graph
+    from dfdl.ops.registry import TensorType
+
+    kw, dims = PLAN_CASES[name]
+    graph = to_ir(ZOO[name](**kw))
+    declared, dtype = graph.declared[graph.inputs[0]]
+    shape = tuple(batch if not isinstance(d, int) else d for d in declared)
+    shape = tuple(dims.get(d, d) if isinstance(d, str) else d for d in shape)
+    tg = build_training_graph(
+        graph,
+        {graph.inputs[0]: TensorType(shape, np.dtype(dtype))},
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9),
+        labels=TensorType((batch,), np.dtype("int64")),
+    )
+    return tg, tg.plan(tiles, cores=cores)
+
+
+@pytest.mark.parametrize("tiles", [{"batch": 2}, {"batch": 2, "model": 1}])
+def test_training_plan_splits_the_batch_not_the_weights(tiles):
+    tg, plan = _training_plan("mlp", 64, tiles)
+    x = tg.data[0]
+    assert len(plan.chunks[x][0]) == 2
+    for p in tg.carried():  # weights, momentum: one tile (model=1), not split like a batch
+        assert all(len(c) == 1 for c in plan.chunks[p]), (p, plan.chunks[p])
+
+
+def test_training_plan_model_split_reaches_weights_given_as_inputs():
+    tg, plan = _training_plan("mlp", 64, {"batch": 1, "model": 2})
+    w = next(p for p in tg.params if p.endswith("weight"))
+    assert any(len(c) == 2 for c in plan.chunks[w])
+
+
+def test_batch_axis_stays_split_after_a_node_that_keeps_it_whole():
+    # BatchNormalization in training keeps the batch whole per channel tile; the
+    # convolution after it must still run as batch tiles
+    tg, plan = _training_plan("resnet", 8, {"batch": 2})
+    g = tg.graph
+    bn = [n for n in g.nodes if n.op_type == "BatchNormalization"]
+    assert bn
+    after = [
+        n for n in g.nodes if n.op_type == "Conv" and any(i in bn[0].outputs for i in n.inputs)
+    ]
+    consumers = [n for n in g.nodes if bn[0].outputs[0] in n.inputs]
+    assert consumers
+    for n in consumers + after:
+        out = n.outputs[0]
+        if g.types[out].rank == 4:
+            assert len(plan.chunks[out][0]) == 2, (n.name, plan.chunks[out])

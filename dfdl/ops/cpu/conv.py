@@ -26,7 +26,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 # negative-index wraparound check, and the contiguous copies vectorize.
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _im2col(x, cols, col0, r0, r1, out_h, out_w, k, s, d, p):
     """Write output rows ``r0:r1`` (row = od*out_h + oh) of ``x`` (C, D, H, W) into
     ``cols[:, col0:]``; cols row = ((c*kd + i)*kh + j)*kw + l, zero where padded."""
@@ -73,7 +73,7 @@ def _im2col(x, cols, col0, r0, r1, out_h, out_w, k, s, d, p):
                     row += 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _col2im(cols, col0, r0, r1, in_h, in_w, y, k, s, d, p):
     """Scatter-add ``cols[:, col0:]`` (input rows ``r0:r1``, row = id*in_h + ih) into
     ``y`` (C, D, H, W): input position i, kernel offset o lands on i*s + o*d - p."""

@@ -30,7 +30,7 @@ _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 # error_model="numpy": x / 0 gives inf/nan like numpy instead of raising
-_jit = numba.njit(cache=True, error_model="numpy")
+_jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 
 
 def _numpy(name: str):

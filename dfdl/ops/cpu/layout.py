@@ -17,7 +17,7 @@ from dfdl.ops import layout as ref
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _scatter_add(dy, idx, out):
     """out[p, idx[k], :] += dy[p, k, :] (negative indices count from the end)."""
     pre, k, post = dy.shape

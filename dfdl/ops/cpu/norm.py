@@ -22,7 +22,7 @@ def _f64(p) -> np.ndarray:
 # ----------------------------------------------------------------- kernels
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _affine_nc(x, mean, var, scale, bias, eps, y):
     """y[n, c, :] = scale[c] * (x[n, c, :] - mean[c]) / sqrt(var[c] + eps) + bias[c]."""
     N, C, S = x.shape
@@ -33,7 +33,7 @@ def _affine_nc(x, mean, var, scale, bias, eps, y):
                 y[n, c, s] = (x[n, c, s] - mean[c]) * a + bias[c]
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _channel_stats(x, mean, var):
     """Per-channel mean and biased variance of x (N, C, S), two-pass in float64."""
     N, C, S = x.shape
@@ -53,7 +53,7 @@ def _channel_stats(x, mean, var):
         var[c] = s2 / cnt
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _instance_norm(x, scale, bias, eps, y):
     """Normalizes each x[n, c, :] over its S elements, then scale/bias per channel."""
     N, C, S = x.shape
@@ -72,7 +72,7 @@ def _instance_norm(x, scale, bias, eps, y):
                 y[n, c, s] = (x[n, c, s] - m) * a + bias[c]
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _row_stats(row, eps):
     """(mean, 1/sqrt(var + eps)) of a 1-D row, two-pass (biased variance)."""
     K = row.shape[0]
@@ -87,7 +87,7 @@ def _row_stats(row, eps):
     return m, 1.0 / math.sqrt(s2 / K + eps)
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _layer_norm_rows(x, scale, bias, eps, y, mean, inv):
     """Row-wise layer norm of x (R, K): stats stored in mean/inv (their dtype = stash)."""
     R, K = x.shape
@@ -189,7 +189,7 @@ def cpu_layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_ty
 # ----------------------------------------------------------------- backward kernels
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _bn_grad_nc(x, dy, scale, dmean, dvar, eps, dx, dscale, dbias):
     """Training-mode batch-norm backward on (N, C, S); per-channel sums into dscale/dbias."""
     N, C, S = x.shape
@@ -227,7 +227,7 @@ def _bn_grad_nc(x, dy, scale, dmean, dvar, eps, dx, dscale, dbias):
                 dx[n, c, s] = a * (dy[n, c, s] - mb - xc * inv * mx) + cm + cv * xc
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _instance_norm_grad(x, dy, scale, eps, dx, dscale, dbias):
     """Instance-norm backward on (N, C, S); dscale/dbias per (n, c)."""
     N, C, S = x.shape
@@ -257,7 +257,7 @@ def _instance_norm_grad(x, dy, scale, eps, dx, dscale, dbias):
                 dx[n, c, s] = a * (dy[n, c, s] - mb - (x[n, c, s] - m) * inv * mx)
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _layer_norm_grad_rows(x, dy, scale, dmean, dinv, eps, dx):
     """Row-wise layer-norm backward of x (R, K) with the Mean/InvStdDev gradients."""
     R, K = x.shape
@@ -279,7 +279,7 @@ def _layer_norm_grad_rows(x, dy, scale, dmean, dinv, eps, dx):
             dx[r, k] = inv * (dy[r, k] * scale[k] - mg - xc * inv * mgx) + cm + ci * xc
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _layer_norm_param_grad(x, dy, eps, out):
     """out[0, m, k] += sum_r dy * xhat, out[1, m, k] += sum_r dy over x (R, M, K) rows."""
     R, M, K = x.shape

@@ -21,7 +21,7 @@ import numpy as np
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 # error_model="numpy": x / 0 gives inf/nan like numpy instead of raising
-_jit = numba.njit(cache=True, error_model="numpy")
+_jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 
 
 def _forward(name: str):

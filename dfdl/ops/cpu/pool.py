@@ -15,7 +15,7 @@ from dfdl.ops import pool as ref
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _tap_ranges(out, L, k, s, d, pb):
     """Per output position, the taps ``[lo, hi)`` that fall inside ``[0, L)``."""
     lo = np.empty(out, np.int64)
@@ -30,7 +30,7 @@ def _tap_ranges(out, L, k, s, d, pb):
     return lo, hi
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _pool_kernel(x, y, idx, k, s, d, pb, pe, is_max, include_pad, col_major):
     B, D, H, W = x.shape
     _, OD, OH, OW = y.shape
@@ -94,7 +94,7 @@ def _pool_kernel(x, y, idx, k, s, d, pb, pe, is_max, include_pad, col_major):
                         y[b, od, oh, ow] = acc / cnt if cnt > 0 else np.nan
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _count_until(start, k, d, end):
     """Taps ``start + t*d`` (t < k) lying before ``end``."""
     if start >= end:
@@ -192,7 +192,7 @@ def AveragePool(
     return _run(X, g, False, include_pad=count_include_pad)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _pool_grad_kernel(dy, x, dx, k, s, d, pb, pe, is_max, include_pad):
     """Scatter ``dy`` into ``dx`` (zeroed): to the first max (``is_max``) or evenly."""
     B, D, H, W = dx.shape

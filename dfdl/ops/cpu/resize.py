@@ -18,7 +18,7 @@ from dfdl.ops import resize as ref
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _resize_axis(x, out, idx, w, outside, fill):
     O, _, I = x.shape
     J, n = idx.shape
@@ -34,7 +34,7 @@ def _resize_axis(x, out, idx, w, outside, fill):
                 out[o, j, i] = acc
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _resize_last_axis(x, out, idx, w, outside, fill):
     """``_resize_axis`` for the innermost axis (inner == 1), on 2-D views."""
     O, _ = x.shape
@@ -118,7 +118,7 @@ def Resize(
     return X.copy() if y is X else y
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _scatter_axis(g, out, idx, w):
     """Adjoint of one pass: ``out[o, idx[j, k], i] += w[j, k] * g[o, j, i]`` (out zeroed)."""
     O, J, I = g.shape

@@ -17,7 +17,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _BLOCK = 1 << 15
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _sub_row_max(x, out):
     """out[r, :] = x[r, :] - max(x[r, :])."""
     rows, n = x.shape
@@ -30,7 +30,7 @@ def _sub_row_max(x, out):
             out[r, j] = x[r, j] - m
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _div_row_sum(e):
     """e[r, :] /= sum(e[r, :]) (sum in float64)."""
     rows, n = e.shape
@@ -43,7 +43,7 @@ def _div_row_sum(e):
             e[r, j] = e[r, j] * inv
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _sub_log_row_sum(d, e):
     """d[r, :] -= log(sum(e[r, :])) where e = exp(d) (sum in float64)."""
     rows, n = d.shape
@@ -99,7 +99,7 @@ def cpu_log_softmax(input, *, axis=-1):
 # ----------------------------------------------------------------- backward kernels
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _softmax_grad_rows(dy, y, dx):
     """dx[r, :] = y[r, :] * (dy[r, :] - sum(dy[r, :] * y[r, :]))."""
     rows, n = y.shape
@@ -111,7 +111,7 @@ def _softmax_grad_rows(dy, y, dx):
             dx[r, j] = y[r, j] * (dy[r, j] - s)
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _log_softmax_grad_rows(dy, e, dx):
     """dx[r, :] = dy[r, :] - e[r, :] * sum(dy[r, :]) where e = exp(y)."""
     rows, n = e.shape
@@ -123,7 +123,7 @@ def _log_softmax_grad_rows(dy, e, dx):
             dx[r, j] = dy[r, j] - e[r, j] * s
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _sce_finish_rows(e, labels, coef):
     """e[r, :] = coef[r] * (e[r, :] / sum(e[r, :]) - onehot(labels[r])), in place."""
     rows, n = e.shape
@@ -137,7 +137,7 @@ def _sce_finish_rows(e, labels, coef):
         e[r, labels[r]] -= coef[r]
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _sub_max_axis1(x, out):
     """out[n, :, s] = x[n, :, s] - max over the class axis, for x (N, C, S)."""
     N, C, S = x.shape
@@ -154,7 +154,7 @@ def _sub_max_axis1(x, out):
                 out[n, c, s] = x[n, c, s] - mx[s]
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _sce_finish_nc(e, labels, coef):
     """_sce_finish_rows over the class axis of e (N, C, S): S-vectors stay contiguous."""
     N, C, S = e.shape

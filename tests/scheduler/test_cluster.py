@@ -1,0 +1,57 @@
+"""The embedded cluster: layout, worker environment, message batching."""
+
+from __future__ import annotations
+
+import os
+
+from distributed import Client
+
+from dfdl.scheduler import latency
+from dfdl.scheduler.cluster import default_workers, local_cluster
+
+
+def _worker_state(dask_worker):
+    return {
+        "mmap": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+        "trim": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+        "interval": dask_worker.batched_stream.interval,
+    }
+
+
+def _scheduler_intervals(dask_scheduler):
+    return [s.interval for s in dask_scheduler.stream_comms.values()]
+
+
+def test_default_is_one_process_with_a_thread_per_core():
+    with local_cluster() as cluster, Client(cluster) as client:
+        nthreads = client.nthreads()
+        assert list(nthreads.values()) == [default_workers()]
+        (state,) = client.run(_worker_state).values()
+        # heap allocations for tiles under 32 MiB (see DASK_CONFIG), not dask's 64 KiB trim
+        assert state["mmap"] == str(32 * 2**20)
+        assert state["trim"] == str(128 * 2**20)
+        assert state["interval"] == latency.INTERVAL_S
+        assert client.run_on_scheduler(_scheduler_intervals) == [latency.INTERVAL_S]
+
+
+def test_explicit_worker_count_gives_single_threaded_processes():
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        assert sorted(client.nthreads().values()) == [1, 1]
+        states = client.run(_worker_state).values()
+        assert [s["interval"] for s in states] == [latency.INTERVAL_S] * 2
+        assert client.run_on_scheduler(_scheduler_intervals) == [latency.INTERVAL_S] * 2
+
+
+def test_install_on_a_plain_cluster_also_reaches_workers_started_later():
+    from distributed import LocalCluster
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        latency.install(client, interval=0.001)
+        cluster.scale(2)
+        client.wait_for_workers(2)
+        states = client.run(_worker_state).values()
+        assert [s["interval"] for s in states] == [0.001, 0.001]
+        assert client.run_on_scheduler(_scheduler_intervals) == [0.001, 0.001]
