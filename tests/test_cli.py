@@ -1,0 +1,260 @@
+"""The ``dfdl`` command line, run as a real subprocess (``python -m dfdl``).
+
+Each training case starts its own embedded cluster (a few seconds); every other case
+fails or finishes before any cluster starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import dfdl.models
+from dfdl.cli import parse_tiles, summarize_losses
+from dfdl.ops import lookup
+
+SIZES = (8, 16, 3)
+N = 24
+
+
+def dfdl_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``python -m dfdl ARGS`` in ``cwd``; returns the finished process."""
+    return subprocess.run(
+        [sys.executable, "-m", "dfdl", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def _unsupported_model() -> onnx.ModelProto:
+    """x -> Relu -> Unique: a checker-valid model with an op dfdl does not have."""
+    assert lookup("Unique") is None, "pick another unsupported op for this test"
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n"])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Unique", ["r"], ["y"], name="unique"),
+    ]
+    graph = helper.make_graph(nodes, "unsupported", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """A folder with mlp.onnx, data.npz (X, y), X.npy, y.npy, bad.onnx, bad.npz, unique.onnx."""
+    d = tmp_path_factory.mktemp("cli")
+    onnx.save(dfdl.models.mlp(SIZES, seed=1), str(d / "mlp.onnx"))
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((N, SIZES[0])).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64) + (X[:, 1] > 0.5)
+    np.savez(d / "data.npz", X=X, y=y)
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", y)
+    (d / "bad.onnx").write_bytes(b"\x08\x07garbage, not an ONNX model\xff\xfe" * 4)
+    (d / "bad.npz").write_bytes(b"PK\x03\x04 not a zip archive" * 4)
+    onnx.save(_unsupported_model(), str(d / "unique.onnx"))
+    return d
+
+
+def _params(path: Path) -> dict[str, np.ndarray]:
+    model = onnx.load(str(path))
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+# ---- train ---------------------------------------------------------------------------------
+
+
+def test_train_writes_a_model_onnxruntime_runs(work):
+    import onnxruntime as ort
+
+    r = dfdl_cli(
+        "train", "mlp.onnx", "--data", "data.npz", "--batch-size", "8", "--steps", "3",
+        "--optimizer", "sgd", "--lr", "0.5", "--momentum", "0.9", "-o", "out.onnx",
+        cwd=work,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "epoch 1: steps 1-3" in r.stdout
+    assert "final loss" in r.stdout and "wrote out.onnx" in r.stdout
+    session = ort.InferenceSession(str(work / "out.onnx"), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((5, SIZES[0])).astype(np.float32)
+    (logits,) = session.run(None, {"x": x})
+    assert logits.shape == (5, SIZES[-1])
+    assert np.all(np.isfinite(logits))
+    before, after = _params(work / "mlp.onnx"), _params(work / "out.onnx")
+    assert set(before) == set(after)
+    assert all(not np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_train_npy_data_with_labels_checkpoints_and_resumes(work):
+    common = ("--data", "X.npy", "--labels", "y.npy", "--batch-size", "8", "--optimizer", "adam")
+    ckpt = ("--checkpoint-dir", "ckpt", "--checkpoint-every", "1")
+    r = dfdl_cli("train", "mlp.onnx", *common, *ckpt, "--steps", "2", "-o", "a.onnx", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert (work / "ckpt" / "latest").is_file()
+    r = dfdl_cli(
+        "train", "mlp.onnx", *common, *ckpt, "--steps", "3", "--resume", "-o", "b.onnx", cwd=work
+    )
+    assert r.returncode == 0, r.stderr
+    assert "epoch 1: steps 3-3" in r.stdout  # only the step after the checkpoint ran
+    assert "trained 1 steps" in r.stdout
+
+
+# ---- help, version -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["", "train", "plan", "export-training-graph", "info"])
+def test_help(work, command):
+    r = dfdl_cli(*([command] if command else []), "--help", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: dfdl {command}".rstrip())
+    if not command:
+        for sub in ("train", "plan", "export-training-graph", "info"):
+            assert sub in r.stdout
+
+
+def test_version(work):
+    r = dfdl_cli("--version", cwd=work)
+    assert r.returncode == 0
+    assert r.stdout.strip() == f"dfdl {dfdl.__version__}"
+
+
+# ---- info, plan, export --------------------------------------------------------------------
+
+
+def test_info_lists_supported_ops_and_parameters(work):
+    r = dfdl_cli("info", "mlp.onnx", cwd=work)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    gemm = next(line for line in lines if line.split()[:1] == ["Gemm"])
+    relu = next(line for line in lines if line.split()[:1] == ["Relu"])
+    assert gemm.split()[1:] == ["2", "supported"]
+    assert relu.split()[1:] == ["1", "supported"]
+    assert "x  float32  [batch, 8]" in r.stdout
+    assert "logits  float32  [batch, 3]" in r.stdout
+    n_params = 8 * 16 + 16 + 16 * 3 + 3
+    assert f"parameters: {n_params} values in 4 initializers, {n_params * 4} B" in r.stdout
+    assert lines[-1] == "every op is supported"
+
+
+def test_info_flags_an_unsupported_op(work):
+    r = dfdl_cli("info", "unique.onnx", cwd=work)
+    assert r.returncode == 0, r.stderr
+    unique = next(line for line in r.stdout.splitlines() if line.split()[:1] == ["Unique"])
+    assert "NOT SUPPORTED" in unique
+    assert r.stdout.splitlines()[-1] == "unsupported ops: Unique"
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_plan_prints_the_tensors(work, training):
+    r = dfdl_cli(
+        "plan", "mlp.onnx", "--batch-size", "16", "--workers", "2",
+        *(["--training", "--optimizer", "adamw"] if training else []),
+        cwd=work,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "tasks" in r.stdout.splitlines()[1 if training else 0]
+    table = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.strip()}
+    assert table["x"][1:3] == ["[16,", "8]"]
+    for name in ("layers.0.weight", "layers.1.bias", "logits"):
+        assert name in table
+    assert ("labels" in table) == training
+    assert ("layers.0.weight.exp_avg" in table) == training
+
+
+def test_export_training_graph(work):
+    r = dfdl_cli(
+        "export-training-graph", "mlp.onnx", "-o", "train.onnx", "--batch-size", "4",
+        "--optimizer", "sgd", "--momentum", "0.9",
+        cwd=work,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    m = onnx.load(str(work / "train.onnx"))
+    onnx.checker.check_model(m)
+    ops = {(n.domain, n.op_type) for n in m.graph.node}
+    assert ("dfdl", "SGDUpdate") in ops
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in m.graph.input}
+    assert shapes["x"] == [4, SIZES[0]]
+    assert shapes["labels"] == [4]
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+ERRORS = {
+    "missing model": ("info", "missing.onnx"),
+    "missing model (train)": ("train", "missing.onnx", "--data", "data.npz", "-o", "o.onnx"),
+    "missing data": ("train", "mlp.onnx", "--data", "missing.npz", "-o", "o.onnx"),
+    "garbage model": ("info", "bad.onnx"),
+    "garbage model (train)": ("train", "bad.onnx", "--data", "data.npz", "-o", "o.onnx"),
+    "garbage data": ("train", "mlp.onnx", "--data", "bad.npz", "-o", "o.onnx"),
+    "unsupported op (plan)": ("plan", "unique.onnx", "--batch-size", "2"),
+    "symbolic batch without --batch-size": ("plan", "mlp.onnx"),
+    "unknown flag": ("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--bogus"),
+    "missing flag": ("train", "mlp.onnx", "-o", "o.onnx"),
+    "bad flag value": ("plan", "mlp.onnx", "--tiles", "rows=3"),
+    "bad number": ("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--lr", "fast"),
+    "bad hyperparameter": ("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--lr=-1"),
+    "unknown command": ("fit", "mlp.onnx"),
+    "output folder missing": ("train", "mlp.onnx", "--data", "data.npz", "-o", "no/o.onnx"),
+    "unknown loss": ("export-training-graph", "mlp.onnx", "-o", "t.onnx", "--loss", "hinge"),
+}
+
+
+@pytest.mark.parametrize("args", list(ERRORS.values()), ids=list(ERRORS))
+def test_errors_are_one_line(work, args):
+    r = dfdl_cli(*args, cwd=work)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("dfdl: error: ")
+    assert not (work / "o.onnx").exists()
+
+
+def test_error_messages_name_the_problem(work):
+    r = dfdl_cli("info", "missing.onnx", cwd=work)
+    assert "missing.onnx does not exist" in r.stderr
+    r = dfdl_cli("plan", "unique.onnx", "--batch-size", "2", cwd=work)
+    assert "Unique" in r.stderr
+    r = dfdl_cli("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--bogus", cwd=work)
+    assert "--bogus" in r.stderr
+    r = dfdl_cli("plan", "mlp.onnx", cwd=work)
+    assert "give --batch-size N" in r.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback(work, where):
+    args = ["info", "bad.onnx"]
+    args = ["--debug", *args] if where == "before" else [*args, "--debug"]
+    r = dfdl_cli(*args, cwd=work)
+    assert r.returncode not in (0, 2)
+    assert "Traceback (most recent call last)" in r.stderr
+    assert "ModelError" in r.stderr
+
+
+# ---- helpers, in process -------------------------------------------------------------------
+
+
+def test_parse_tiles():
+    assert parse_tiles("batch=2,model=1") == {"batch": 2, "model": 1}
+    assert parse_tiles("uneven") == "uneven"
+    assert parse_tiles("auto") is None
+
+
+def test_summarize_losses_after_resume():
+    text = summarize_losses([3.0, 2.0, 1.0], first_step=2, per_epoch=2)
+    assert text.splitlines() == [
+        "epoch 2: steps 3-4, mean loss 2.5, last 2",
+        "epoch 3: steps 5-5, mean loss 1, last 1",
+        "final loss 1 (first 3)",
+    ]
