@@ -24,6 +24,7 @@ from dfdl.ops.cpu.norm import (
     cpu_layer_normalization,
     cpu_layer_normalization_grad,
     cpu_layer_normalization_param_grad,
+    dropout_cpu,
 )
 from dfdl.ops.cpu.softmax import (
     cpu_log_softmax,
@@ -307,7 +308,7 @@ def _dropout_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=ins, outputs=(x, x)[: len(ctx.outputs)], adjust=adjust)
 
 
-@register("Dropout", shape=_dropout_shape, tile=_dropout_tile)
+@register("Dropout", shape=_dropout_shape, tile=_dropout_tile, kernels={"cpu": dropout_cpu})
 def Dropout(data, ratio=None, training_mode=None, *, seed=None, _offset=None, _full_shape=None):
     """Dropout (opset 22); returns ``(output, mask)``.
 

@@ -368,3 +368,59 @@ def cpu_layer_normalization_param_grad(
     x = np.ascontiguousarray(X).reshape(R, M, K)
     _layer_norm_param_grad(x, np.ascontiguousarray(dY).reshape(R, M, K), float(epsilon), out)
     return out.reshape((2, *X.shape[pa:])).astype(X.dtype)
+
+
+# ----------------------------------------------------------------------------- Dropout
+
+
+@numba.njit(cache=True, nogil=True)
+def _dropout_rows(x, out, mask, row_base, key, ratio, scale):
+    """One pass: counter hash of each element's global index, mask, scaled output.
+
+    Element (r, c) of the (rows, cols) tile has global flat index ``row_base[r] + c``;
+    the numbers are exactly those of :func:`dfdl.ops.norm.dropout_uniform`.
+    """
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    m1 = np.uint64(0xBF58476D1CE4E5B9)
+    m2 = np.uint64(0x94D049BB133111EB)
+    inv = 1.0 / 9007199254740992.0  # 2**-53
+    zero = x.dtype.type(0)
+    for r in range(x.shape[0]):
+        base = row_base[r]
+        for c in range(x.shape[1]):
+            z = key + (base + np.uint64(c) + np.uint64(1)) * golden
+            z = (z ^ (z >> np.uint64(30))) * m1
+            z = (z ^ (z >> np.uint64(27))) * m2
+            z = z ^ (z >> np.uint64(31))
+            keep = np.float64(z >> np.uint64(11)) * inv >= ratio
+            mask[r, c] = keep
+            out[r, c] = x[r, c] * scale if keep else zero
+
+
+def dropout_cpu(data, ratio=None, training_mode=None, *, seed=None, _offset=None, _full_shape=None):
+    """Dropout tile kernel: the forward's numbers in one numba pass (float32/float64)."""
+    from dfdl.ops import norm as ops  # lazy: dfdl.ops.norm imports this module
+
+    r = 0.5 if ratio is None else float(np.asarray(ratio).item())
+    training = training_mode is not None and bool(np.asarray(training_mode).item())
+    if data.dtype not in _FLOATS or data.ndim == 0 or not training or not 0 < r < 1:
+        return ops.Dropout(
+            data, ratio, training_mode, seed=seed, _offset=_offset, _full_shape=_full_shape
+        )
+    shape = data.shape
+    offset = tuple(_offset) if _offset is not None else (0,) * len(shape)
+    full = tuple(_full_shape) if _full_shape is not None else shape
+    strides = np.cumprod((1,) + full[::-1][:-1])[::-1].astype(np.uint64)
+    # global index of each row's first element (rows = all axes but the last)
+    row_base = np.full(shape[:-1], np.uint64(offset[-1]), dtype=np.uint64)
+    for a, n in enumerate(shape[:-1]):
+        ix = (np.arange(n, dtype=np.uint64) + np.uint64(offset[a])) * strides[a]
+        row_base += ix.reshape((n,) + (1,) * (len(shape) - 2 - a))
+    with np.errstate(over="ignore"):
+        key = ops._splitmix64(np.uint64(int(0 if seed is None else seed) & ops._M64))
+    x = np.ascontiguousarray(data).reshape(-1, shape[-1])
+    out = np.empty_like(x)
+    mask = np.empty(x.shape, dtype=np.bool_)
+    scale = np.asarray(1.0 / (1.0 - r), dtype=data.dtype)[()]
+    _dropout_rows(x, out, mask, row_base.reshape(-1), key, r, scale)
+    return out.reshape(shape), mask.reshape(shape)
