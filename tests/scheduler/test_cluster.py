@@ -22,7 +22,11 @@ def _scheduler_intervals(dask_scheduler):
     return [s.interval for s in dask_scheduler.stream_comms.values()]
 
 
-def test_default_is_one_process_with_a_thread_per_core():
+def test_default_is_one_process_with_a_thread_per_core(monkeypatch):
+    # variables set in the environment win over dask's config (dask's rule); an earlier
+    # in-process worker of the test session may have set dask's default here
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     with local_cluster() as cluster, Client(cluster) as client:
         nthreads = client.nthreads()
         assert list(nthreads.values()) == [default_workers()]
