@@ -266,13 +266,9 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def dropout_uniform(seed: int, shape, offset=None, full_shape=None) -> np.ndarray:
-    """Uniform [0, 1) numbers for a region of a tensor, one per element.
-
-    Element ``i`` (flat index in the whole tensor of ``full_shape``) gets
-    ``splitmix64(key + (i + 1) * golden) / 2**64`` with ``key = splitmix64(seed)``: a
-    counter-based stream, so any tile computes exactly the whole tensor's numbers.
-    """
+def global_flat_index(shape, offset=None, full_shape=None) -> np.ndarray:
+    """uint64 flat index in the whole tensor (``full_shape``) of each element of the
+    region of ``shape`` starting at ``offset``."""
     shape = tuple(shape)
     offset = tuple(offset) if offset is not None else (0,) * len(shape)
     full_shape = tuple(full_shape) if full_shape is not None else shape
@@ -281,9 +277,25 @@ def dropout_uniform(seed: int, shape, offset=None, full_shape=None) -> np.ndarra
     for a, n in enumerate(shape):
         ix = (np.arange(n, dtype=np.uint64) + np.uint64(offset[a])) * np.uint64(strides[a])
         idx += ix.reshape((n,) + (1,) * (len(shape) - a - 1))
+    return idx
+
+
+def dropout_key(seed) -> np.uint64:
+    """The stream key of a Dropout seed: ``splitmix64(seed)``."""
     with np.errstate(over="ignore"):
-        key = _splitmix64(np.uint64(int(seed) & _M64))
-        z = _splitmix64(key + (idx + np.uint64(1)) * np.uint64(_GOLDEN))
+        return _splitmix64(np.uint64(int(seed) & _M64))
+
+
+def dropout_uniform(seed: int, shape, offset=None, full_shape=None) -> np.ndarray:
+    """Uniform [0, 1) numbers for a region of a tensor, one per element.
+
+    Element ``i`` (flat index in the whole tensor of ``full_shape``) gets
+    ``splitmix64(key + (i + 1) * golden) / 2**64`` with ``key = splitmix64(seed)``: a
+    counter-based stream, so any tile computes exactly the whole tensor's numbers.
+    """
+    idx = global_flat_index(shape, offset, full_shape)
+    with np.errstate(over="ignore"):
+        z = _splitmix64(dropout_key(seed) + (idx + np.uint64(1)) * np.uint64(_GOLDEN))
     # top 53 bits -> a double in [0, 1)
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 

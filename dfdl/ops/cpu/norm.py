@@ -408,16 +408,10 @@ def dropout_cpu(data, ratio=None, training_mode=None, *, seed=None, _offset=None
             data, ratio, training_mode, seed=seed, _offset=_offset, _full_shape=_full_shape
         )
     shape = data.shape
-    offset = tuple(_offset) if _offset is not None else (0,) * len(shape)
-    full = tuple(_full_shape) if _full_shape is not None else shape
-    strides = np.cumprod((1,) + full[::-1][:-1])[::-1].astype(np.uint64)
     # global index of each row's first element (rows = all axes but the last)
-    row_base = np.full(shape[:-1], np.uint64(offset[-1]), dtype=np.uint64)
-    for a, n in enumerate(shape[:-1]):
-        ix = (np.arange(n, dtype=np.uint64) + np.uint64(offset[a])) * strides[a]
-        row_base += ix.reshape((n,) + (1,) * (len(shape) - 2 - a))
-    with np.errstate(over="ignore"):
-        key = ops._splitmix64(np.uint64(int(0 if seed is None else seed) & ops._M64))
+    full = shape if _full_shape is None else _full_shape
+    row_base = ops.global_flat_index((*shape[:-1], 1), _offset, full)
+    key = ops.dropout_key(0 if seed is None else seed)
     x = np.ascontiguousarray(data).reshape(-1, shape[-1])
     out = np.empty_like(x)
     mask = np.empty(x.shape, dtype=np.bool_)
