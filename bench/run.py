@@ -31,10 +31,11 @@ for the input and weight gradients), counted from the static shapes of
 Gemm/MatMul 2*prod(output)*K; Conv 2*prod(output)*prod(W.shape[1:]); ConvTranspose
 2*prod(input)*prod(W.shape[1:]). Elementwise ops, norms, softmax, the loss and the
 optimizer update are not counted. GFLOP/s are compared with the machine's matmul rate,
-measured in the same run (numpy float32 4096x4096 @ 4096x4096, best of 3) in a fresh
-process with the workers' BLAS settings (:func:`dfdl.scheduler.blas.worker_environ`:
-OpenBLAS's AVX-512 kernels where it failed to detect them), the fastest numpy matmul
-the machine has; the rate of numpy as detected in this process is reported beside it.
+measured in the same run (numpy float32 4096x4096 @ 4096x4096, best of 3) in the
+benchmark's process, whose environment the workers inherit. The JSON records which
+OpenBLAS kernels numpy runs (``OPENBLAS_CORETYPE`` and OpenBLAS's own report): an
+environment that pins older kernels (``OPENBLAS_CORETYPE=Haswell`` on an AVX-512 CPU)
+halves the matmul rate of every numpy GEMM, dfdl's included, but not PyTorch's.
 
 Time outside kernels: the long and short ``dfdl.train`` calls run under Dask's task
 stream (``distributed.get_task_stream``); the thread-seconds workers spent executing
@@ -125,21 +126,22 @@ def matmul_gflops(n: int = 4096, repeat: int = 3) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def worker_matmul_gflops() -> float:
-    """:func:`matmul_gflops` in a fresh process with the workers' BLAS environment."""
-    import subprocess
+def openblas_kernels() -> str:
+    """Which OpenBLAS kernels numpy runs here, and whether the environment chose them."""
+    try:
+        from threadpoolctl import threadpool_info
 
-    from dfdl.scheduler.blas import worker_environ
-
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import run; print(run.matmul_gflops())"
-    out = subprocess.run(
-        [sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
-        env={**os.environ, **worker_environ()},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return float(out.stdout.split()[-1])
+        cores = sorted(
+            {
+                i.get("architecture", "?")
+                for i in threadpool_info()
+                if i["internal_api"] == "openblas"
+            }
+        )
+    except ImportError:
+        cores = ["?"]
+    pinned = os.environ.get("OPENBLAS_CORETYPE")
+    return "/".join(cores) + (f", pinned by OPENBLAS_CORETYPE={pinned}" if pinned else "")
 
 
 def forward_flops(model, batch: int, dims: dict) -> int:
@@ -443,14 +445,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     configs = FULL if args.full else SMALL
     machine = _machine()  # before the cluster starts: load average of other jobs
     machine.update(os_cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
-    machine["matmul_gflops_default"] = mm_default = matmul_gflops()
-    machine["matmul_gflops"] = mm = worker_matmul_gflops()
-    print(
-        f"numpy float32 4096^2 matmul: {mm:.1f} GFLOP/s with the workers' BLAS settings,"
-        f" {mm_default:.1f} as numpy detects the CPU",
-        file=sys.stderr,
-        flush=True,
-    )
+    machine["matmul_gflops"] = mm = matmul_gflops()
+    machine["openblas"] = blas = openblas_kernels()
+    print(f"numpy float32 4096^2 matmul: {mm:.1f} GFLOP/s ({blas})", file=sys.stderr, flush=True)
     records = []
     if args.scheduler:
         cluster, client = None, Client(args.scheduler)
@@ -476,7 +473,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(
         f"{'full' if args.full else 'small'} workloads; steps={args.steps} warmup={args.warmup}"
         f" rounds={args.rounds}; {default_workers()} cores; matmul {mm:.1f} GFLOP/s"
-        f" (numpy as detected: {mm_default:.1f});"
+        f" (OpenBLAS {machine['openblas']});"
         f" 1-min load average {start:.1f} at start, {end:.1f} at end"
     )
     print("%mm: achieved GFLOP/s (3x forward Gemm/MatMul/Conv FLOPs) / numpy matmul GFLOP/s")

@@ -6,8 +6,6 @@ measured 2 s of transfers per 6 ResNet steps here), BLAS and numba run one threa
 task (parallelism comes from tiles; the numba kernels release the GIL) and the
 scheduler's queuing is off (``worker-saturation: inf``), which measured 4x lower
 per-task overhead here. Message batching is shortened (:mod:`dfdl.scheduler.latency`).
-Worker processes load OpenBLAS with its AVX-512 kernels where it failed to detect them
-(:mod:`dfdl.scheduler.blas`).
 
 Example:
     >>> with connect(None) as client:  # doctest: +SKIP
@@ -65,12 +63,9 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     kwargs.setdefault("dashboard_address", None)
     from distributed import Client
 
-    from dfdl.scheduler import blas, latency
+    from dfdl.scheduler import latency
 
-    config = dict(DASK_CONFIG)
-    for name, value in blas.worker_environ().items():
-        config[f"distributed.nanny.pre-spawn-environ.{name}"] = value
-    with dask.config.set(config):
+    with dask.config.set(DASK_CONFIG):
         cluster = LocalCluster(n_workers=n_workers, **kwargs)
     try:
         with Client(cluster) as client:
