@@ -307,3 +307,26 @@ def test_checkpoint_save_is_atomic_under_failure(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["latest", f"step-{2:09d}.npz"]
     step, arrays, _ = checkpoint.load_latest(tmp_path)
     assert step == 2 and np.array_equal(arrays["w"], np.zeros(3, np.float32))
+
+
+def test_bit_identical_from_run_to_run_with_model_tiles(client):
+    """Batch and model tiles over 2 workers: where each task runs must not change a bit."""
+    model = dfdl.models.mlp((64, 256, 256, 10))
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((64, 64), dtype=np.float32), rng.integers(0, 10, 64)
+    runs = [
+        dfdl.train(
+            model,
+            data=(x, y),
+            optimizer=dfdl.optim.SGD(lr=0.01, momentum=0.9),
+            batch_size=32,
+            steps=2,
+            shuffle=False,
+            client=client,
+            tiles={"batch": 2, "model": 8},
+            progress=False,
+        )
+        for _ in range(3)
+    ]
+    for other in runs[1:]:
+        assert_same_params(runs[0], other)

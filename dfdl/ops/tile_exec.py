@@ -44,15 +44,32 @@ def _resolve(spec: tuple, args: tuple) -> Any:
 
 
 def _aligned(x: Any) -> Any:
-    """``x``, or an aligned copy when numpy marks it unaligned.
+    """``x``, or an aligned C-contiguous copy when it is not one.
 
     Tiles and constants pickled inside the task graph arrive as views into the pickle's
-    bytes, at any byte offset. numpy's matmul skips BLAS for unaligned operands and
-    rounds differently, so without this copy results would vary from run to run.
+    bytes, at any byte offset. numpy's matmul skips BLAS for unaligned or strided
+    operands, and BLAS itself sums in another order for a transposed layout, so the
+    same tile in another memory layout would round differently.
     """
-    if isinstance(x, np.ndarray) and not x.flags.aligned:
-        return x.copy()
+    if isinstance(x, np.ndarray) and not (x.flags.aligned and x.flags.c_contiguous):
+        return np.array(x, order="C")
     return x
+
+
+def _settled(x: np.ndarray) -> np.ndarray:
+    """A task's output as it will rest on the worker: C-contiguous and owning its memory.
+
+    A kernel may return a view (Transpose, Slice) or an F-ordered result. Passed on
+    as is, a consumer in the same worker would see that layout while one in another
+    worker sees the transferred copy, and results would depend on task placement
+    (measured: model-split MLP weights differing in the last bit between runs). A view
+    would also keep its whole base array alive unseen by Dask's memory accounting.
+    """
+    base = x.base
+    whole = base is None or (isinstance(base, np.ndarray) and base.nbytes == x.nbytes)
+    if x.flags.c_contiguous and (whole or x.ndim == 0):
+        return x
+    return np.array(x, order="C")
 
 
 def run_tile(meta: tuple, *args: Any) -> Any:
@@ -77,7 +94,7 @@ def run_tile(meta: tuple, *args: Any) -> Any:
         raise TileError(f"{label} failed: {type(e).__name__}: {e}") from None
     if not isinstance(out, tuple):
         out = (out,)
-    out = tuple(None if o is None else np.asarray(o) for o in out[:n_out])
+    out = tuple(None if o is None else _settled(np.asarray(o)) for o in out[:n_out])
     out += (None,) * (n_out - len(out))
     for i, (o, shape) in enumerate(zip(out, shapes)):
         if shape is not None and (o is None or o.shape != shape):

@@ -31,3 +31,29 @@ def test_unaligned_tiles_give_bit_identical_results():
     )
     want = run_tile(meta, a, b)
     np.testing.assert_array_equal(run_tile(meta, unaligned(a), unaligned(b)), want)
+
+
+def test_outputs_rest_c_contiguous_and_own_their_memory():
+    # a kernel returning a transposed view: passed on as is, a consumer in the same
+    # worker would see another layout than one receiving the transferred copy, and
+    # BLAS sums a transposed operand in another order (results would depend on
+    # placement); a view would also pin its whole base array in memory
+    base = rand(8, 6, seed=4)
+    meta = (lambda x: x.T, {}, (("value", 0),), ((6, 8),), "node 't' (Transpose) tile (0, 0)")
+    out = run_tile(meta, base)
+    assert out.flags.c_contiguous and out.base is None
+    np.testing.assert_array_equal(out, base.T)
+    part = (lambda x: x[:2], {}, (("value", 0),), ((2, 6),), "node 's' (Slice) tile (0,)")
+    assert run_tile(part, base).base is None
+    whole = (lambda x: x.reshape(6, 8), {}, (("value", 0),), ((6, 8),), "r")
+    fresh = rand(8, 6, seed=5).copy()
+    assert run_tile(whole, fresh).base is fresh  # a whole-array view costs no copy
+
+
+def test_strided_inputs_give_the_same_result_as_contiguous_ones():
+    a, b = rand(4, 64, seed=6), rand(64, 1, seed=7)
+    meta = (np.matmul, {}, (("value", 0), ("value", 1)), ((4, 1),), "node 'm' (MatMul)")
+    want = run_tile(meta, a, b)
+    transposed = np.asfortranarray(b)  # same values, the other layout
+    strided = np.repeat(a, 2, axis=1)[:, ::2]
+    np.testing.assert_array_equal(run_tile(meta, strided, transposed), want)
