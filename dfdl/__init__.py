@@ -10,6 +10,7 @@ from __future__ import annotations
 from dfdl import errors, optim
 from dfdl.api import load, plan, run
 from dfdl.onnx_backend import DfdlBackend
+from dfdl.scheduler.cluster import local_cluster as LocalCluster
 from dfdl.train import TrainResult, train, training_graph
 
 #: the ONNX backend (``onnx.backend.test.BackendTest(dfdl.backend, __name__)``)
@@ -18,6 +19,7 @@ backend = DfdlBackend
 __version__ = "0.1.0"
 
 __all__ = [
+    "LocalCluster",
     "TrainResult",
     "backend",
     "errors",

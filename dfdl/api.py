@@ -12,7 +12,7 @@ from dfdl.graph.ir import Graph
 from dfdl.graph.onnx_io import ModelLike, load_model, to_ir
 from dfdl.graph.tiling import Plan, make_plan
 from dfdl.ops.registry import TensorType
-from dfdl.scheduler.cluster import connect, default_workers, total_threads
+from dfdl.scheduler.cluster import connect, default_workers, parse_memory, total_threads
 from dfdl.scheduler.executor import execute
 
 
@@ -59,6 +59,7 @@ def plan(
     *,
     dims: Mapping[str, int] | None = None,
     workers: int | None = None,
+    memory_limit: int | str | None = None,
 ) -> Plan:
     """Plan how ``model`` would be tiled, without running anything.
 
@@ -68,6 +69,9 @@ def plan(
         tiles: None (automatic), "uneven", or ``{"batch": b, "model": m}``.
         dims: sizes of other symbolic dimensions, e.g. ``{"seq": 256}``.
         workers: worker threads to plan for (default: this machine's cores).
+        memory_limit: each worker's memory limit (bytes or a string like ``"1GiB"``);
+            tiles are then chosen so every task fits a quarter of it, or
+            :class:`~dfdl.errors.MemoryPlanError` is raised. None: unbounded.
 
     Returns:
         The :class:`~dfdl.graph.tiling.Plan`; ``print(plan.summary())`` shows it.
@@ -80,7 +84,9 @@ def plan(
     """
     graph = load(model)
     bound = bind(graph, _input_types(graph, batch_size, dims))
-    return make_plan(bound, tiles, cores=workers or default_workers())
+    return make_plan(
+        bound, tiles, cores=workers or default_workers(), memory_limit=parse_memory(memory_limit)
+    )
 
 
 def feed_types(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, TensorType]:

@@ -282,11 +282,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from dfdl.graph.bind import bind
     from dfdl.graph.tiling import make_plan
     from dfdl.graph.training import build_training_graph
-    from dfdl.scheduler.cluster import default_workers
+    from dfdl.scheduler.cluster import default_workers, parse_memory
 
     graph = dfdl.load(args.model)
     types = _input_types(graph, args.batch_size, args.dims)
     cores = args.workers or default_workers()
+    memory = parse_memory(args.memory_limit, "--memory-limit")
     if args.training:
         tg = build_training_graph(
             graph,
@@ -296,9 +297,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             labels=_labels_type(graph, types, args.loss),
         )
         print(f"training step: forward, loss {args.loss!r}, backward, {args.optimizer} update")
-        plan = tg.plan(args.tiles, cores=cores)
-    else:
-        plan = make_plan(bind(graph, types), args.tiles, cores=cores)  # as dfdl.plan does
+        plan = tg.plan(args.tiles, cores=cores, memory_limit=memory)
+    else:  # as dfdl.plan does
+        plan = make_plan(bind(graph, types), args.tiles, cores=cores, memory_limit=memory)
     print(plan.summary())
     return 0
 
@@ -571,6 +572,11 @@ def build_parser() -> Parser:
         "--workers", type=int, metavar="N", help="worker threads to plan for (default: cores)"
     )
     p.add_argument("--tiles", type=parse_tiles, metavar="SPEC", help=_TILES_HELP)
+    p.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="each worker's memory limit, e.g. 2GiB: every task must fit a quarter of it",
+    )
     p.add_argument("--training", action="store_true", help="plan the training step")
     p.add_argument(
         "--loss", default="cross_entropy", help="loss of the training step (with --training)"

@@ -70,6 +70,35 @@ class PlanError(DfdlError, ValueError):
     """The requested tiling or cluster setup cannot be planned (bad ``tiles=``)."""
 
 
+class MemoryPlanError(PlanError):
+    """No tiling keeps every task within its share of the workers' memory limit.
+
+    Raised at plan time, before anything runs, instead of a worker running out of
+    memory later.
+
+    Attributes:
+        node: the node whose tasks are too large.
+        task_bytes: its estimated memory per task at the finest tiling tried.
+        memory_limit: the worker memory limit planned for (bytes).
+        smallest_limit: the smallest worker memory limit this plan fits in (bytes).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str = "",
+        task_bytes: int = 0,
+        memory_limit: int = 0,
+        smallest_limit: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.node = node
+        self.task_bytes = task_bytes
+        self.memory_limit = memory_limit
+        self.smallest_limit = smallest_limit
+
+
 class ConfigError(DfdlError, ValueError):
     """A training setting is invalid: an unknown loss name, an optimizer or schedule
     hyperparameter out of range (the message names the argument and its allowed range),

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from dask.utils import format_bytes
 from onnx import numpy_helper
 
 from dfdl.data.order import batch_plan, steps_per_epoch
@@ -23,11 +24,18 @@ from dfdl.graph.tiling import make_plan
 from dfdl.graph.training import TrainingGraph, build_training_graph
 from dfdl.ops.registry import TensorType
 from dfdl.scheduler import checkpoint
-from dfdl.scheduler.cluster import connect, default_workers, total_threads
+from dfdl.scheduler.cluster import (
+    connect,
+    default_workers,
+    embedded_memory_limit,
+    total_threads,
+    worker_memory_limit,
+)
 from dfdl.scheduler.trainer import (
     ClusterState,
     Constants,
     LossCollector,
+    SpillMeter,
     StepInput,
     StepPlan,
     Throughput,
@@ -43,20 +51,27 @@ class TrainResult:
     """What :func:`train` returns.
 
     Attributes:
-        history: ``"loss"``: one float per step, in order; with validation,
-            ``"val_loss"`` (and ``"val_accuracy"`` for classification) per epoch.
+        history: ``"loss"``: one float per step, in order; ``"spilled_bytes"`` and
+            ``"unspilled_bytes"``: bytes the workers wrote to and read back from their
+            spill directories, per step (the totals of the steps gathered together,
+            shared evenly: their tasks overlap); with validation, ``"val_loss"`` (and
+            ``"val_accuracy"`` for classification) per epoch.
         model: the ONNX model with the trained initializers (and BatchNorm statistics).
         params: the trained parameters by name.
         timings: seconds spent on the client: ``setup_s`` (loading, planning, sending
             the initial weights), ``graph_s`` (building step graphs), ``submit_s``
             (handing them to the scheduler), ``wait_s`` (waiting for losses and the
             final weights; the cluster computes meanwhile), ``total_s``.
+        tiles: the tiling the steps ran with (``{"batch": b, "model": m}``, or
+            "uneven"): the automatic choice, split further where the workers' memory
+            limit required it. Pass it as ``tiles=`` to repeat the same plan.
     """
 
     history: dict[str, list] = field(default_factory=dict)
     model: onnx.ModelProto | None = None
     params: dict[str, np.ndarray] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    tiles: dict[str, int] | str | None = None
 
     def save(self, path) -> None:
         """Write the trained model as an ONNX file (onnxruntime runs it)."""
@@ -178,6 +193,7 @@ def train(
         raise DataError(f"loss {loss!r} needs labels: pass data=(X, y)")
     cache: dict[int, StepPlan] = {}
     cores = total_threads(client) if client is not None else default_workers()
+    memory = worker_memory_limit(client) if client is not None else embedded_memory_limit()
 
     def plans(b: int) -> StepPlan:
         if b not in cache:
@@ -193,7 +209,7 @@ def train(
                 seed=seed,
                 loss_options=options,
             )
-            cache[b] = StepPlan(tg, tg.plan(tiles, cores=cores))
+            cache[b] = StepPlan(tg, tg.plan(tiles, cores=cores, memory_limit=memory))
         return cache[b]
 
     first = plans(min(batch_size, n))  # model/data mismatches raise here, before any task
@@ -247,13 +263,21 @@ def train(
         speed = Throughput()
         losses_by_step: dict[int, float] = {}
 
+        spilled = [0, 0]
+
         def on_loss(step: int, value: float) -> None:
             losses_by_step[step] = value
+            written, read = collector.spilled.get(step, (0, 0))
+            spilled[0] += written
+            spilled[1] += read
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{value:.4g}", samples_s=f"{speed.add(batch_size):.0f}")
+                shown = {"loss": f"{value:.4g}", "samples_s": f"{speed.add(batch_size):.0f}"}
+                if spilled[0] or spilled[1]:
+                    shown["spilled"] = format_bytes(spilled[0])
+                bar.set_postfix(shown)
 
-        collector = LossCollector(c, on_loss)
+        collector = LossCollector(c, on_loss, SpillMeter(c))
         group: list[StepInput] = []
         timings["setup_s"] = time.perf_counter() - t_start
         for i, (step, _epoch, idx) in enumerate(schedule):
@@ -285,7 +309,17 @@ def train(
                 if epoch_end and validation is not None:
                     collector.collect()
                     metrics = evaluate(
-                        c, graph, state, tg, validation, loss, options, batch_size, tiles, cores
+                        c,
+                        graph,
+                        state,
+                        tg,
+                        validation,
+                        loss,
+                        options,
+                        batch_size,
+                        tiles,
+                        cores,
+                        memory,
                     )
                     for k, v in metrics.items():
                         history.setdefault(f"val_{k}", []).append(v)
@@ -296,9 +330,13 @@ def train(
     if bar is not None:
         bar.close()
     history["loss"] = [losses_by_step[s] for s in sorted(losses_by_step)]
+    history["spilled_bytes"] = [collector.spilled.get(s, (0, 0))[0] for s in sorted(losses_by_step)]
+    history["unspilled_bytes"] = [
+        collector.spilled.get(s, (0, 0))[1] for s in sorted(losses_by_step)
+    ]
     params = {k: final[k] for k in tg.params + tg.buffers}
     timings["total_s"] = time.perf_counter() - t_start
-    return TrainResult(history, _trained_model(proto, params), params, timings)
+    return TrainResult(history, _trained_model(proto, params), params, timings, first.plan.tiles)
 
 
 def _initial(graph, name: str) -> np.ndarray:
@@ -321,7 +359,9 @@ def _trained_model(proto: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> 
     return out
 
 
-def evaluate(client, graph, state, tg, validation, loss, options, batch_size, tiles, cores):
+def evaluate(
+    client, graph, state, tg, validation, loss, options, batch_size, tiles, cores, memory=None
+):
     """Validation loss (and accuracy for class labels) with the current weights."""
     from dfdl.graph.autodiff import GradBuilder
     from dfdl.losses import build_loss
@@ -346,7 +386,7 @@ def evaluate(client, graph, state, tg, validation, loss, options, batch_size, ti
             feeds["labels"] = yb
             lname = build_loss(GradBuilder(bg, phase="loss"), loss, [out_name], "labels", **options)
             bg.outputs = [lname, out_name]
-        out = execute(make_plan(bg, tiles, cores=cores), feeds, client)
+        out = execute(make_plan(bg, tiles, cores=cores, memory_limit=memory), feeds, client)
         if yv is not None and loss not in g.outputs:
             total_loss += float(out[bg.outputs[0]]) * len(xb)
             if loss in ("cross_entropy",) and out[out_name].ndim >= 2:

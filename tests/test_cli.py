@@ -172,6 +172,15 @@ def test_plan_prints_the_tensors(work, training):
     assert ("layers.0.weight.exp_avg" in table) == training
 
 
+def test_plan_under_a_memory_limit_names_it(work):
+    r = dfdl_cli(
+        "plan", "mlp.onnx", "--batch-size", "16", "--training", "--memory-limit", "64MiB",
+        cwd=work,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "worker memory limit 64.0 MiB" in r.stdout
+
+
 def test_export_training_graph(work):
     r = dfdl_cli(
         "export-training-graph", "mlp.onnx", "-o", "train.onnx", "--batch-size", "4",
@@ -207,6 +216,16 @@ ERRORS = {
     "unknown command": ("fit", "mlp.onnx"),
     "output folder missing": ("train", "mlp.onnx", "--data", "data.npz", "-o", "no/o.onnx"),
     "unknown loss": ("export-training-graph", "mlp.onnx", "-o", "t.onnx", "--loss", "hinge"),
+    "bad memory limit": ("plan", "mlp.onnx", "--batch-size", "4", "--memory-limit", "lots"),
+    "memory limit too small": (
+        "plan",
+        "mlp.onnx",
+        "--batch-size",
+        "4",
+        "--training",
+        "--memory-limit",
+        "1KiB",
+    ),
 }
 
 

@@ -9,6 +9,13 @@ letters. The planner gives every letter a chunking (tuple of chunk sizes, as in 
   split into ``b`` chunks, axes indexed by a weight (features, channels) into ``m``;
 * ``None``: automatic, from the batch size, the tensor sizes and the cluster's cores.
 
+With a worker ``memory_limit``, the planner also bounds every task's memory (inputs +
+outputs + temporaries, estimated as the outputs once more) to ``task_fraction`` of it:
+automatic tilings are split further (batch or model, whichever shrinks the largest task
+more) until every task fits; a tiling that cannot fit, or an explicit ``tiles=`` that
+does not, is a :class:`~dfdl.errors.MemoryPlanError` naming the node and the smallest
+memory limit that would work.
+
 Tensors get the chunks of the letters on their axes; graph inputs and initializers take
 the chunks their first consumer asks for. Where a consumer needs a region that is not
 one tile, lowering assembles it from the producer's tiles, so a mismatch costs copies
@@ -27,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dfdl.errors import PlanError
+from dfdl.errors import MemoryPlanError, PlanError
 from dfdl.graph.ir import Graph, Node
 from dfdl.ops import lookup
 from dfdl.ops.common import whole_tile
@@ -39,6 +46,12 @@ Chunks = tuple[tuple[int, ...], ...]
 MIN_TILE_BYTES = 256 * 2**10
 #: most partial results one combine task sums (bounded fan-in, tree order fixed)
 REDUCE_FAN_IN = 4
+#: share of a worker's memory limit one task may use: the rest holds other tasks' tiles
+#: (one task per worker thread runs at a time) and the worker process itself
+TASK_MEMORY_FRACTION = 0.25
+#: memory-bounded planning gives up beyond this many tasks per pass (at about a
+#: millisecond of scheduling each, more would take longer to schedule than to compute)
+MAX_PLAN_TASKS = 100_000
 
 
 def even_chunks(size: int, parts: int) -> tuple[int, ...]:
@@ -96,8 +109,10 @@ class Plan:
     graph: Graph
     chunks: dict[str, Chunks]
     nodes: list[NodePlan]
-    tiles: object = None
+    tiles: object = None  # the tiling used: {"batch": b, "model": m} or "uneven"
     task_bytes: dict[str, int] = field(default_factory=dict)
+    task_memory: dict[str, int] = field(default_factory=dict)
+    memory_limit: int | None = None
 
     def n_tasks(self) -> int:
         """Number of compute tasks of one forward pass (sources excluded)."""
@@ -110,12 +125,29 @@ class Plan:
         name = max(self.task_bytes, key=self.task_bytes.get)
         return name, self.task_bytes[name]
 
+    def peak_task(self) -> tuple[str, int]:
+        """(node name, bytes) of the task with the largest memory estimate (inputs +
+        outputs + temporaries)."""
+        if not self.task_memory:
+            return ("", 0)
+        name = max(self.task_memory, key=self.task_memory.get)
+        return name, self.task_memory[name]
+
     def summary(self) -> str:
         """Human-readable table: each tensor's tiling, the task count, the largest task."""
         g = self.graph
-        lines = [f"plan for {g.name!r}: {len(self.nodes)} nodes, {self.n_tasks()} tasks"]
+        lines = [
+            f"plan for {g.name!r}: {len(self.nodes)} nodes, {self.n_tasks()} tasks,"
+            f" tiles={self.tiles!r}"
+        ]
         name, nbytes = self.largest_task()
         lines.append(f"largest task: {name} ({_fmt_bytes(nbytes)} in + out)")
+        if self.memory_limit:
+            name, nbytes = self.peak_task()
+            lines.append(
+                f"largest task memory: {name} ({_fmt_bytes(nbytes)} with temporaries; "
+                f"worker memory limit {_fmt_bytes(self.memory_limit)})"
+            )
         lines.append(f"{'tensor':40s} {'shape':22s} {'dtype':8s} {'tiles':>6s}  chunks")
         for tname, ch in self.chunks.items():
             t = g.types[tname]
@@ -253,7 +285,15 @@ def _policy(tiles, graph: Graph, cores: int, weights: set[str]) -> _Policy:
     return _Policy("split", int(tiles.get("batch", 1)), int(tiles.get("model", 1)))
 
 
-def make_plan(graph: Graph, tiles=None, *, cores: int = 1, weights: Collection[str] = ()) -> Plan:
+def make_plan(
+    graph: Graph,
+    tiles=None,
+    *,
+    cores: int = 1,
+    weights: Collection[str] = (),
+    memory_limit: int | None = None,
+    task_fraction: float = TASK_MEMORY_FRACTION,
+) -> Plan:
     """Plan the tiling of a bound graph (see the module docstring).
 
     Args:
@@ -263,12 +303,88 @@ def make_plan(graph: Graph, tiles=None, *, cores: int = 1, weights: Collection[s
         weights: graph inputs that are parameters or optimizer state, not data (the
             training graph's carried tensors): their axis 0 is not a batch axis, and
             the axes they index are model axes, as for initializers.
+        memory_limit: the smallest worker's memory limit in bytes (None: unbounded).
+        task_fraction: share of ``memory_limit`` one task may use.
 
     Returns:
         The :class:`Plan`.
+
+    Raises:
+        MemoryPlanError: no tiling (or not the given ``tiles``) keeps every task under
+            ``task_fraction * memory_limit``.
+
+    Example:
+        >>> plan = make_plan(graph, memory_limit=2**30)  # doctest: +SKIP
     """
     weights = set(weights)
     policy = _policy(tiles, graph, cores, weights)
+    plan = _build(graph, policy, weights, tiles)
+    if memory_limit is None or policy.mode == "uneven":
+        return plan
+    if not task_fraction > 0 or memory_limit <= 0:
+        raise PlanError(
+            f"memory_limit ({memory_limit!r}) and task_fraction ({task_fraction!r}) must be "
+            "positive"
+        )
+    budget = int(memory_limit * task_fraction)
+    if tiles is None:
+        plan = _refine(graph, policy, weights, plan, budget)
+    plan.memory_limit = int(memory_limit)
+    name, need = plan.peak_task()
+    if need > budget:
+        smallest = math.ceil(need / task_fraction)
+        how = (
+            f"the tiles={tiles!r} given"
+            if tiles is not None
+            else f"the finest batch and model tiling dfdl makes ({plan.tiles}, "
+            f"{plan.n_tasks()} tasks; at most {MAX_PLAN_TASKS})"
+        )
+        raise MemoryPlanError(
+            f"node {name!r} needs about {_fmt_bytes(need)} per task with {how}, more than "
+            f"{task_fraction:g} of the worker memory limit {_fmt_bytes(memory_limit)}. "
+            f"Give each worker at least {_fmt_bytes(smallest)}"
+            + (", or split further with tiles=" if tiles is not None else ", or a smaller batch")
+            + ".",
+            node=name,
+            task_bytes=need,
+            memory_limit=int(memory_limit),
+            smallest_limit=smallest,
+        )
+    return plan
+
+
+def _refine(graph: Graph, policy: _Policy, weights: set[str], plan: Plan, budget: int) -> Plan:
+    """Split an automatic tiling further until the largest task fits ``budget``.
+
+    Each round doubles the batch tiles or the model tiles: the one that fits with fewer
+    tasks, else the one that shrinks the largest task more; both at once only when
+    neither alone shrinks it (two nodes at the top, one per role). Stops when nothing
+    shrinks the largest task.
+    """
+
+    def grown(batch: int, model: int) -> tuple[int, int, _Policy, Plan]:
+        p = _Policy("split", policy.batch * batch, policy.model * model)
+        built = _build(graph, p, weights, None)
+        return built.peak_task()[1], built.n_tasks(), p, built
+
+    while plan.peak_task()[1] > budget:
+        now = plan.peak_task()[1]
+        better = [c for c in (grown(2, 1), grown(1, 2)) if c[0] < now and c[1] <= MAX_PLAN_TASKS]
+        if not better:
+            better = [c for c in (grown(2, 2),) if c[0] < now and c[1] <= MAX_PLAN_TASKS]
+        if not better:
+            break
+        fitting = [c for c in better if c[0] <= budget]
+        _, _, policy, plan = (
+            min(fitting, key=lambda c: c[1]) if fitting else min(better, key=lambda c: c[:2])
+        )
+    return plan
+
+
+def _build(graph: Graph, policy: _Policy, weights: set[str], tiles) -> Plan:
+    """The plan of one tiling policy."""
+    if tiles is None and policy.mode == "split":
+        tiles = {"batch": policy.batch, "model": policy.model}
     roles: dict[tuple[str, int], set[str]] = {}
     for name in graph.inputs:
         if graph.types[name].rank and name not in weights:
@@ -276,6 +392,7 @@ def make_plan(graph: Graph, tiles=None, *, cores: int = 1, weights: Collection[s
     chunks: dict[str, Chunks] = {}
     node_plans: list[NodePlan] = []
     task_bytes: dict[str, int] = {}
+    task_memory: dict[str, int] = {}
     for node in graph.nodes:
         spec = node_spec(node, graph)
         sizes = _letter_sizes(node, spec, graph)
@@ -318,11 +435,13 @@ def make_plan(graph: Graph, tiles=None, *, cores: int = 1, weights: Collection[s
                     roles[(name, axis)] = roles[(same, axis)]
         np_ = NodePlan(node, spec, letters, sizes)
         node_plans.append(np_)
-        task_bytes[node.name] = _max_task_bytes(np_, graph)
+        ins, outs = _max_task_bytes(np_, graph)
+        task_bytes[node.name] = ins + outs
+        task_memory[node.name] = ins + 2 * outs  # temporaries: about the outputs again
     for name in graph.outputs:
         if name not in chunks:
             chunks[name] = tuple((d,) for d in graph.types[name].shape)
-    return Plan(graph, chunks, node_plans, tiles, task_bytes)
+    return Plan(graph, chunks, node_plans, tiles, task_bytes, task_memory)
 
 
 def _same_shape_input(node: Node, graph: Graph, t: TensorType) -> str | None:
@@ -333,19 +452,21 @@ def _same_shape_input(node: Node, graph: Graph, t: TensorType) -> str | None:
     return None
 
 
-def _max_task_bytes(np_: NodePlan, graph: Graph) -> int:
-    total = 0
+def _max_task_bytes(np_: NodePlan, graph: Graph) -> tuple[int, int]:
+    """(input bytes, output bytes) of the node's largest tile task."""
     node, spec = np_.node, np_.spec
-    named = list(zip(node.inputs, spec.inputs)) + present_outputs(node, spec)
-    for name, s in named:
+    totals = [0, 0]
+    named = [(0, n, s) for n, s in zip(node.inputs, spec.inputs)]
+    named += [(1, n, s) for n, s in present_outputs(node, spec)]
+    for side, name, s in named:
         if not name:
             continue
         t: TensorType = graph.types[name]
         if s is None:
-            total += t.nbytes
+            totals[side] += t.nbytes
             continue
         n = t.dtype.itemsize
         for ch, d in zip(s, t.shape):
             n *= d if ch == "." or d != np_.sizes.get(ch) else max(np_.letters[ch])
-        total += n
-    return total
+        totals[side] += n
+    return totals[0], totals[1]

@@ -74,11 +74,15 @@ class TrainingGraph:
         """Inputs whose values carry over from step to step."""
         return self.params + [s for p in self.params for s in self.states[p]] + self.buffers
 
-    def plan(self, tiles=None, *, cores: int = 1):
-        """The tiling plan of this graph; carried tensors are weights, not batch data."""
+    def plan(self, tiles=None, *, cores: int = 1, memory_limit: int | None = None):
+        """The tiling plan of this graph; carried tensors are weights, not batch data.
+        With ``memory_limit`` (bytes per worker) every task fits a share of it or
+        :class:`~dfdl.errors.MemoryPlanError` is raised."""
         from dfdl.graph.tiling import make_plan
 
-        return make_plan(self.graph, tiles, cores=cores, weights=self.carried())
+        return make_plan(
+            self.graph, tiles, cores=cores, weights=self.carried(), memory_limit=memory_limit
+        )
 
 
 def _const_inputs(graph: Graph) -> set[str]:

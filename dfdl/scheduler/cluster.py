@@ -42,16 +42,25 @@ def default_workers() -> int:
 
 
 def local_cluster(n_workers: int | None = None, **kwargs):
-    """Start dfdl's embedded ``distributed.LocalCluster``.
+    """Start a ``distributed.LocalCluster`` with dfdl's settings (``dfdl.LocalCluster``).
+
+    The embedded cluster of :func:`dfdl.train` is ``local_cluster()``. Every worker has
+    a memory limit (dask's default ``"auto"``: this machine's memory shared among the
+    worker processes) and spills tiles to its local directory beyond it; dfdl plans
+    tiles so that every task fits in a quarter of the limit
+    (:data:`dfdl.graph.tiling.TASK_MEMORY_FRACTION`).
 
     Args:
         n_workers: worker processes. Default: one process with a thread per core. With
             ``n_workers`` given, each process has one thread unless
             ``threads_per_worker`` says otherwise.
-        **kwargs: passed to ``distributed.LocalCluster`` (memory_limit, local_directory...).
+        **kwargs: passed to ``distributed.LocalCluster``: ``memory_limit`` (bytes, or
+            a string like ``"2GiB"``, per worker process), ``local_directory`` (where
+            workers spill), ``threads_per_worker``, ``dashboard_address``...
 
     Example:
-        >>> cluster = local_cluster(2)  # doctest: +SKIP
+        >>> cluster = dfdl.LocalCluster(2, memory_limit="1GiB",  # doctest: +SKIP
+        ...                             local_directory="/scratch/me")
     """
     from distributed import LocalCluster
 
@@ -74,6 +83,45 @@ def local_cluster(n_workers: int | None = None, **kwargs):
         cluster.close()
         raise
     return cluster
+
+
+def parse_memory(value, name: str = "memory_limit") -> int | None:
+    """Bytes from an int or a string like ``"1.5 GiB"``; None or 0 stays None (no limit).
+
+    Example:
+        >>> parse_memory("1 KiB")
+        1024
+    """
+    from dask.utils import parse_bytes
+
+    from dfdl.errors import ConfigError
+
+    if value is None or (isinstance(value, int | float) and value == 0):
+        return None
+    try:
+        n = int(parse_bytes(value)) if isinstance(value, str) else int(value)
+    except (ValueError, TypeError):
+        n = -1
+    if n <= 0:
+        raise ConfigError(
+            f"{name} must be a positive byte count like 2**30 or '1GiB', not {value!r}"
+        )
+    return n
+
+
+def worker_memory_limit(client) -> int | None:
+    """The smallest memory limit among the client's workers (None: none has a limit)."""
+    limits = [int(w.get("memory_limit") or 0) for w in client.scheduler_info()["workers"].values()]
+    limits = [v for v in limits if v > 0]
+    return min(limits) if limits else None
+
+
+def embedded_memory_limit() -> int:
+    """The memory limit of the embedded cluster's one worker: this machine's memory
+    (or the cgroup's limit), as dask's ``memory_limit="auto"`` gives it."""
+    from distributed.system import MEMORY_LIMIT
+
+    return int(MEMORY_LIMIT)
 
 
 @contextlib.contextmanager

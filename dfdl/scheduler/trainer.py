@@ -265,14 +265,54 @@ def _assemble(shape, pieces, *args):
     return out
 
 
-class LossCollector:
-    """Gathers loss futures in bulk, a submission late; raises on a non-finite loss."""
+def spill_totals(dask_worker) -> tuple[float, float]:
+    """(bytes written to, bytes read from) the worker's spill directory so far."""
+    metrics = getattr(dask_worker.data, "cumulative_metrics", None) or {}
+    return metrics.get(("disk-write", "bytes"), 0.0), metrics.get(("disk-read", "bytes"), 0.0)
 
-    def __init__(self, client, on_loss: Callable[[int, float], None]):
+
+class SpillMeter:
+    """Bytes the workers spilled to and read back from disk since the last call."""
+
+    def __init__(self, client):
+        self.client = client
+        self.last = self._read()
+
+    def _read(self) -> dict[str, tuple[float, float]]:
+        try:
+            return self.client.run(spill_totals)
+        except Exception:  # a worker lost mid-call: count it next time
+            return dict(getattr(self, "last", {}))
+
+    def delta(self) -> tuple[int, int]:
+        """(written, read) bytes over all workers since the previous call."""
+        now = self._read()
+        written = sum(w - self.last.get(a, (0.0, 0.0))[0] for a, (w, _) in now.items())
+        read = sum(r - self.last.get(a, (0.0, 0.0))[1] for a, (_, r) in now.items())
+        self.last = now
+        return max(0, int(written)), max(0, int(read))
+
+
+class LossCollector:
+    """Gathers loss futures in bulk, a submission late; raises on a non-finite loss.
+
+    With a :class:`SpillMeter`, each gathered step also gets the bytes spilled to and
+    read from disk: the workers' totals since the previous gather, shared evenly by
+    the steps gathered together (their tasks overlap on the cluster).
+    """
+
+    def __init__(
+        self,
+        client,
+        on_loss: Callable[[int, float], None],
+        spill: SpillMeter | None = None,
+    ):
         self.client = client
         self.pending: list[tuple[int, Any]] = []
         self.on_loss = on_loss
         self.values: dict[int, float] = {}
+        self.spill = spill
+        self.spilled: dict[int, tuple[int, int]] = {}
 
     def add(self, losses: list[tuple[int, Any]]) -> None:
         self.pending.extend(losses)
@@ -284,6 +324,10 @@ class LossCollector:
             return
         batch, self.pending = self.pending[:n], self.pending[n:]
         got = self.client.gather([f for _, (f, _) in batch])
+        if self.spill is not None:
+            written, read = self.spill.delta()
+            for step, _ in batch:
+                self.spilled[step] = (written // len(batch), read // len(batch))
         for (step, (_, pos)), v in zip(batch, got):
             value = float(np.asarray(v if pos is None else v[pos]))
             if not math.isfinite(value):

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import dfdl
-from dfdl.errors import PlanError
+from dfdl.errors import MemoryPlanError, PlanError
 from dfdl.graph.tiling import (
     MIN_TILE_BYTES,
     REDUCE_FAN_IN,
+    TASK_MEMORY_FRACTION,
     even_chunks,
     make_plan,
     uneven_chunks,
@@ -281,3 +282,90 @@ def test_batch_axis_stays_split_after_a_node_that_keeps_it_whole():
         out = n.outputs[0]
         if g.types[out].rank == 4:
             assert len(plan.chunks[out][0]) == 2, (n.name, plan.chunks[out])
+
+
+# ---- memory-bounded planning ----------------------------------------------------------------
+
+WIDE = (256, 1024, 1024, 10)
+
+
+def _wide_plan(**kw):
+    return dfdl.plan(dfdl.models.mlp(WIDE), batch_size=256, workers=2, **kw)
+
+
+def test_a_generous_memory_limit_changes_nothing():
+    free = _wide_plan()
+    bounded = _wide_plan(memory_limit="8GiB")
+    assert bounded.chunks == free.chunks
+    assert bounded.memory_limit == 8 * 2**30
+
+
+@pytest.mark.parametrize("limit", [16 * 2**20, 4 * 2**20, 2**20])
+def test_every_task_fits_its_share_of_the_memory_limit(limit):
+    free = _wide_plan()
+    plan = _wide_plan(memory_limit=limit)
+    name, need = plan.peak_task()
+    assert need <= limit * TASK_MEMORY_FRACTION, (name, need)
+    assert all(v <= limit * TASK_MEMORY_FRACTION for v in plan.task_memory.values())
+    if free.peak_task()[1] > limit * TASK_MEMORY_FRACTION:  # it had to split further
+        assert plan.n_tasks() > free.n_tasks()
+    assert "worker memory limit" in plan.summary()
+
+
+def test_memory_bounded_plan_computes_the_same_numbers(client):
+    model = dfdl.models.mlp(WIDE)
+    x = np.random.default_rng(0).standard_normal((64, WIDE[0]), dtype=np.float32)
+    free = dfdl.run(model, {"x": x}, client=client)
+    plan = dfdl.plan(model, batch_size=64, workers=2, memory_limit="2MiB")
+    assert plan.tiles != {"batch": 2, "model": 1}  # split beyond the automatic tiling
+    bounded = dfdl.run(model, {"x": x}, client=client, tiles=plan.tiles)
+    for k in free:
+        np.testing.assert_allclose(bounded[k], free[k], rtol=1e-5, atol=1e-6)
+
+
+def test_an_unplannable_limit_is_a_memory_plan_error_with_the_smallest_limit():
+    with pytest.raises(MemoryPlanError) as info:
+        _wide_plan(memory_limit="64KiB")
+    e = info.value
+    assert isinstance(e, PlanError)
+    assert e.node and e.node in str(e)
+    assert e.memory_limit == 64 * 2**10
+    assert e.smallest_limit > e.memory_limit
+    assert "Give each worker at least" in str(e)
+    # the limit it names is enough, and a bit less is not
+    assert _wide_plan(memory_limit=e.smallest_limit).peak_task()[1] <= e.smallest_limit / 4
+    assert e.task_bytes <= e.smallest_limit * TASK_MEMORY_FRACTION
+
+
+def test_explicit_tiles_that_do_not_fit_are_refused_not_changed():
+    with pytest.raises(MemoryPlanError, match="tiles="):
+        _wide_plan(tiles={"batch": 1, "model": 1}, memory_limit="4MiB")
+    plan = _wide_plan(tiles={"batch": 4, "model": 4}, memory_limit="4MiB")
+    assert plan.tiles == {"batch": 4, "model": 4}
+
+
+def test_memory_limit_must_be_a_positive_size():
+    from dfdl.errors import ConfigError
+
+    for bad in ("lots", -5, "-1GiB"):
+        with pytest.raises(ConfigError, match="memory_limit"):
+            _wide_plan(memory_limit=bad)
+
+
+def test_training_plan_respects_the_memory_limit():
+    from dfdl.graph.onnx_io import to_ir
+    from dfdl.graph.training import build_training_graph
+    from dfdl.ops.registry import TensorType
+
+    graph = to_ir(dfdl.models.mlp(WIDE))
+    tg = build_training_graph(
+        graph,
+        {"x": TensorType((256, WIDE[0]), np.dtype("float32"))},
+        loss="cross_entropy",
+        optimizer=dfdl.optim.Adam(lr=1e-3),
+        labels=TensorType((256,), np.dtype("int64")),
+    )
+    limit = 8 * 2**20
+    plan = tg.plan(None, cores=2, memory_limit=limit)
+    assert plan.peak_task()[1] <= limit * TASK_MEMORY_FRACTION
+    assert tg.plan(None, cores=2).peak_task()[1] > limit * TASK_MEMORY_FRACTION
