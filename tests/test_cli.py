@@ -224,7 +224,7 @@ ERRORS = {
         "4",
         "--training",
         "--memory-limit",
-        "1KiB",
+        "16B",
     ),
 }
 
