@@ -53,8 +53,9 @@ class TrainResult:
     Attributes:
         history: ``"loss"``: one float per step, in order; ``"spilled_bytes"`` and
             ``"unspilled_bytes"``: bytes the workers wrote to and read back from their
-            spill directories, per step (the totals of the steps gathered together,
-            shared evenly: their tasks overlap); with validation, ``"val_loss"`` (and
+            spill directories, per step (read from the workers at most once a
+            second and shared evenly by the steps in between: their tasks overlap);
+            with validation, ``"val_loss"`` (and
             ``"val_accuracy"`` for classification) per epoch.
         model: the ONNX model with the trained initializers (and BatchNorm statistics).
         params: the trained parameters by name.
@@ -263,18 +264,13 @@ def train(
         speed = Throughput()
         losses_by_step: dict[int, float] = {}
 
-        spilled = [0, 0]
-
         def on_loss(step: int, value: float) -> None:
             losses_by_step[step] = value
-            written, read = collector.spilled.get(step, (0, 0))
-            spilled[0] += written
-            spilled[1] += read
             if bar is not None:
                 bar.update(1)
                 shown = {"loss": f"{value:.4g}", "samples_s": f"{speed.add(batch_size):.0f}"}
-                if spilled[0] or spilled[1]:
-                    shown["spilled"] = format_bytes(spilled[0])
+                if collector.total[0]:
+                    shown["spilled"] = format_bytes(collector.total[0])
                 bar.set_postfix(shown)
 
         collector = LossCollector(c, on_loss, SpillMeter(c))
@@ -324,7 +320,7 @@ def train(
                     for k, v in metrics.items():
                         history.setdefault(f"val_{k}", []).append(v)
         t_wait = time.perf_counter()
-        collector.collect()
+        collector.collect(final=True)
         final = state.gather(c, tg.graph.types)
         timings["wait_s"] += time.perf_counter() - t_wait
     if bar is not None:

@@ -272,11 +272,20 @@ def spill_totals(dask_worker) -> tuple[float, float]:
 
 
 class SpillMeter:
-    """Bytes the workers spilled to and read back from disk since the last call."""
+    """Bytes the workers spilled to and read back from disk since the last reading.
 
-    def __init__(self, client):
+    Readings cost a round trip to every worker, so :meth:`due` allows one per
+    ``interval`` seconds.
+    """
+
+    def __init__(self, client, interval: float = 1.0):
         self.client = client
+        self.interval = interval
+        self.t_last = time.perf_counter()
         self.last = self._read()
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.t_last >= self.interval
 
     def _read(self) -> dict[str, tuple[float, float]]:
         try:
@@ -287,6 +296,7 @@ class SpillMeter:
     def delta(self) -> tuple[int, int]:
         """(written, read) bytes over all workers since the previous call."""
         now = self._read()
+        self.t_last = time.perf_counter()
         written = sum(w - self.last.get(a, (0.0, 0.0))[0] for a, (w, _) in now.items())
         read = sum(r - self.last.get(a, (0.0, 0.0))[1] for a, (_, r) in now.items())
         self.last = now
@@ -297,8 +307,9 @@ class LossCollector:
     """Gathers loss futures in bulk, a submission late; raises on a non-finite loss.
 
     With a :class:`SpillMeter`, each gathered step also gets the bytes spilled to and
-    read from disk: the workers' totals since the previous gather, shared evenly by
-    the steps gathered together (their tasks overlap on the cluster).
+    read from disk: the workers' totals since the previous reading, shared evenly by
+    the steps gathered since (their tasks overlap on the cluster). Readings are taken
+    at most once a second, and always by the final ``collect(final=True)``.
     """
 
     def __init__(
@@ -313,21 +324,27 @@ class LossCollector:
         self.values: dict[int, float] = {}
         self.spill = spill
         self.spilled: dict[int, tuple[int, int]] = {}
+        self.unmetered: list[int] = []
+        self.total = [0, 0]  # bytes written, read: all readings so far
 
     def add(self, losses: list[tuple[int, Any]]) -> None:
         self.pending.extend(losses)
 
-    def collect(self, keep_last: int = 0) -> None:
+    def collect(self, keep_last: int = 0, final: bool = False) -> None:
         """Gather all pending losses except the newest ``keep_last``."""
         n = len(self.pending) - keep_last
-        if n <= 0:
-            return
-        batch, self.pending = self.pending[:n], self.pending[n:]
-        got = self.client.gather([f for _, (f, _) in batch])
+        batch, self.pending = self.pending[: max(n, 0)], self.pending[max(n, 0) :]
+        got = self.client.gather([f for _, (f, _) in batch]) if batch else []
         if self.spill is not None:
-            written, read = self.spill.delta()
-            for step, _ in batch:
-                self.spilled[step] = (written // len(batch), read // len(batch))
+            self.unmetered.extend(step for step, _ in batch)
+            if self.unmetered and (final or self.spill.due()):
+                written, read = self.spill.delta()
+                self.total[0] += written
+                self.total[1] += read
+                k = len(self.unmetered)
+                for step in self.unmetered:
+                    self.spilled[step] = (written // k, read // k)
+                self.unmetered = []
         for (step, (_, pos)), v in zip(batch, got):
             value = float(np.asarray(v if pos is None else v[pos]))
             if not math.isfinite(value):
