@@ -55,8 +55,8 @@ class TrainResult:
             ``"unspilled_bytes"``: bytes the workers wrote to and read back from their
             spill directories, per step (read from the workers at most once a
             second and shared evenly by the steps in between: their tasks overlap);
-            with validation, ``"val_loss"`` (and
-            ``"val_accuracy"`` for classification) per epoch.
+            with validation, ``"val_loss"`` (and ``"val_accuracy"`` for
+            classification) per epoch.
         model: the ONNX model with the trained initializers (and BatchNorm statistics).
         params: the trained parameters by name.
         timings: seconds spent on the client: ``setup_s`` (loading, planning, sending
@@ -325,11 +325,11 @@ def train(
         timings["wait_s"] += time.perf_counter() - t_wait
     if bar is not None:
         bar.close()
-    history["loss"] = [losses_by_step[s] for s in sorted(losses_by_step)]
-    history["spilled_bytes"] = [collector.spilled.get(s, (0, 0))[0] for s in sorted(losses_by_step)]
-    history["unspilled_bytes"] = [
-        collector.spilled.get(s, (0, 0))[1] for s in sorted(losses_by_step)
-    ]
+    done = sorted(losses_by_step)
+    spilled = [collector.spilled.get(s, (0, 0)) for s in done]
+    history["loss"] = [losses_by_step[s] for s in done]
+    history["spilled_bytes"] = [written for written, _ in spilled]
+    history["unspilled_bytes"] = [read for _, read in spilled]
     params = {k: final[k] for k in tg.params + tg.buffers}
     timings["total_s"] = time.perf_counter() - t_start
     return TrainResult(history, _trained_model(proto, params), params, timings, first.plan.tiles)

@@ -240,6 +240,10 @@ class _Policy:
     batch: int = 1
     model: int = 1
 
+    def tiles(self) -> dict[str, int] | str:
+        """The tiling as ``tiles=`` spells it."""
+        return "uneven" if self.mode == "uneven" else {"batch": self.batch, "model": self.model}
+
     def chunks(self, size: int, roles: set[str]) -> tuple[int, ...]:
         if self.mode == "uneven":
             return uneven_chunks(size)
@@ -318,7 +322,7 @@ def make_plan(
     """
     weights = set(weights)
     policy = _policy(tiles, graph, cores, weights)
-    plan = _build(graph, policy, weights, tiles)
+    plan = _build(graph, policy, weights)
     if memory_limit is None or policy.mode == "uneven":
         return plan
     if not task_fraction > 0 or memory_limit <= 0:
@@ -364,7 +368,7 @@ def _refine(graph: Graph, policy: _Policy, weights: set[str], plan: Plan, budget
 
     def grown(batch: int, model: int) -> tuple[int, int, _Policy, Plan]:
         p = _Policy("split", policy.batch * batch, policy.model * model)
-        built = _build(graph, p, weights, None)
+        built = _build(graph, p, weights)
         return built.peak_task()[1], built.n_tasks(), p, built
 
     while plan.peak_task()[1] > budget:
@@ -381,10 +385,8 @@ def _refine(graph: Graph, policy: _Policy, weights: set[str], plan: Plan, budget
     return plan
 
 
-def _build(graph: Graph, policy: _Policy, weights: set[str], tiles) -> Plan:
+def _build(graph: Graph, policy: _Policy, weights: set[str]) -> Plan:
     """The plan of one tiling policy."""
-    if tiles is None and policy.mode == "split":
-        tiles = {"batch": policy.batch, "model": policy.model}
     roles: dict[tuple[str, int], set[str]] = {}
     for name in graph.inputs:
         if graph.types[name].rank and name not in weights:
@@ -441,7 +443,7 @@ def _build(graph: Graph, policy: _Policy, weights: set[str], tiles) -> Plan:
     for name in graph.outputs:
         if name not in chunks:
             chunks[name] = tuple((d,) for d in graph.types[name].shape)
-    return Plan(graph, chunks, node_plans, tiles, task_bytes, task_memory)
+    return Plan(graph, chunks, node_plans, policy.tiles(), task_bytes, task_memory)
 
 
 def _same_shape_input(node: Node, graph: Graph, t: TensorType) -> str | None:

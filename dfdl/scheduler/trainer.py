@@ -282,6 +282,7 @@ class SpillMeter:
         self.client = client
         self.interval = interval
         self.t_last = time.perf_counter()
+        self.last: dict[str, tuple[float, float]] = {}
         self.last = self._read()
 
     def due(self) -> bool:
@@ -291,7 +292,7 @@ class SpillMeter:
         try:
             return self.client.run(spill_totals)
         except Exception:  # a worker lost mid-call: count it next time
-            return dict(getattr(self, "last", {}))
+            return dict(self.last)
 
     def delta(self) -> tuple[int, int]:
         """(written, read) bytes over all workers since the previous call."""
