@@ -66,7 +66,8 @@ def plan(
     Args:
         model: ONNX path, bytes or ModelProto.
         batch_size: size of axis 0 of every input whose axis 0 is symbolic.
-        tiles: None (automatic), "uneven", or ``{"batch": b, "model": m}``.
+        tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
+            (``space``: slabs along the first spatial axis of convolutions/pools).
         dims: sizes of other symbolic dimensions, e.g. ``{"seq": 256}``.
         workers: worker threads to plan for (default: this machine's cores).
         memory_limit: each worker's memory limit (bytes or a string like ``"1GiB"``);
@@ -115,7 +116,8 @@ def run(
         inputs: ``{input name: numpy array}``.
         client: a ``distributed.Client``; None starts an embedded LocalCluster (one
             worker process per core) and shuts it down afterwards.
-        tiles: None (automatic), "uneven", or ``{"batch": b, "model": m}``.
+        tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
+            (``space``: slabs along the first spatial axis of convolutions/pools).
 
     Returns:
         ``{output name: numpy array}`` for every graph output.

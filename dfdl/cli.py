@@ -46,7 +46,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def parse_tiles(text: str) -> dict[str, int] | str | None:
-    """``--tiles`` value: ``auto`` (None), ``uneven``, or ``batch=B,model=M``.
+    """``--tiles`` value: ``auto`` (None), ``uneven``, or ``batch=B,model=M,space=S``.
 
     Example:
         >>> parse_tiles("batch=2,model=1")
@@ -56,7 +56,7 @@ def parse_tiles(text: str) -> dict[str, int] | str | None:
         return None
     if text == "uneven":
         return "uneven"
-    return _key_values(text, "--tiles", ("batch", "model"))
+    return _key_values(text, "--tiles", ("batch", "model", "space"))
 
 
 def parse_dims(text: str) -> dict[str, int]:
@@ -504,7 +504,7 @@ def _add_training_args(p: argparse.ArgumentParser, batch_default: int | None) ->
 
 
 _DEBUG_HELP = "show the full traceback of an error"
-_TILES_HELP = "tiling: auto (default), uneven, or batch=B,model=M"
+_TILES_HELP = "tiling: auto (default), uneven, or batch=B,model=M,space=S"
 _OPTIMIZER_HELP = "torch-equivalent optimizer (default sgd)"
 
 

@@ -147,7 +147,8 @@ def train(
         seed: seed of the data order and of Dropout masks.
         validation: ``(X_val, y_val)`` evaluated (inference mode) after each epoch.
         client: a ``distributed.Client``; None starts an embedded LocalCluster.
-        tiles: None (automatic), "uneven", or ``{"batch": b, "model": m}``.
+        tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
+            (``space``: slabs along the first spatial axis of convolutions/pools).
         checkpoint_dir: where checkpoints go; with ``checkpoint_every`` steps.
         checkpoint_every: steps between checkpoints.
         progress: a tqdm bar on a terminal (steps, loss, samples/s).

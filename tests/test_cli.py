@@ -266,6 +266,7 @@ def test_debug_shows_the_traceback(work, where):
 
 def test_parse_tiles():
     assert parse_tiles("batch=2,model=1") == {"batch": 2, "model": 1}
+    assert parse_tiles("batch=1,space=4") == {"batch": 1, "space": 4}
     assert parse_tiles("uneven") == "uneven"
     assert parse_tiles("auto") is None
 

@@ -168,13 +168,14 @@ class _Builder:
                         region = tuple(slice(0, d) for d in t.shape)
                     else:
                         region = tuple(
-                            slice(0, d)
-                            if ch == "." or d != np_.sizes[ch]
-                            else slice(lo[ch][at[ch]], lo[ch][at[ch] + 1])
-                            for ch, d in zip(s, t.shape)
+                            _input_range(spec, i, axis, ch, d, np_.sizes, lo, at)
+                            for axis, (ch, d) in enumerate(zip(s, t.shape))
                         )
                     specs.append(self.fetch(iname, region, args))
                 attrs = {**node.attrs, **self.overrides.get(node.name, {})}
+                if spec.tile_attrs is not None:
+                    ranges = {c: (lo[c][at[c]], lo[c][at[c] + 1]) for c in at}
+                    attrs = spec.tile_attrs(attrs, ranges)
                 if spec.adjust is not None:
                     attrs, consts = spec.adjust(attrs, dict(consts), out_regions)
                 specs = [
@@ -224,6 +225,20 @@ class _Builder:
             keys = nxt
             level += 1
         self.dsk[final] = Task(final, combine, how, *(TaskRef(k) for k in keys))
+
+
+def _input_range(spec, i: int, axis: int, ch: str, d: int, sizes, lo, at) -> slice:
+    """The part of input ``i``'s ``axis`` (length ``d``) that one task reads."""
+    if ch == ".":
+        return slice(0, d)
+    window = spec.windows.get((i, axis))
+    if window is not None:  # a halo: the tile's window, clipped to the input
+        start, stop = window(lo[ch][at[ch]], lo[ch][at[ch] + 1])
+        start = min(max(start, 0), d)
+        return slice(start, min(max(stop, start), d))
+    if d != sizes[ch]:
+        return slice(0, d)
+    return slice(lo[ch][at[ch]], lo[ch][at[ch] + 1])
 
 
 @dataclass(frozen=True)

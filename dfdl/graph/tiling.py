@@ -210,8 +210,9 @@ def present_outputs(node: Node, spec: TileSpec) -> list[tuple[str, str]]:
 
 def _letter_sizes(node: Node, spec: TileSpec, graph: Graph) -> dict[str, int]:
     sizes: dict[str, int] = {}
-    pairs = list(zip(node.inputs, spec.inputs)) + present_outputs(node, spec)
-    for name, s in pairs:
+    pairs = [(i, n, s) for i, (n, s) in enumerate(zip(node.inputs, spec.inputs))]
+    pairs += [(None, n, s) for n, s in present_outputs(node, spec)]
+    for i, name, s in pairs:
         if not name or s is None:
             continue
         t = graph.types[name]
@@ -220,8 +221,8 @@ def _letter_sizes(node: Node, spec: TileSpec, graph: Graph) -> dict[str, int]:
                 f"node {node.name!r} ({node.op_type}): tile spec {s!r} for {name!r} does "
                 f"not match its rank {t.rank}"
             )
-        for ch, d in zip(s, t.shape):
-            if ch == ".":
+        for axis, (ch, d) in enumerate(zip(s, t.shape)):
+            if ch == "." or (i, axis) in spec.windows:  # a halo read does not size a letter
                 continue
             prev = sizes.get(ch)
             if prev is None or prev == 1:
@@ -239,19 +240,25 @@ class _Policy:
     mode: str  # "uneven" | "split"
     batch: int = 1
     model: int = 1
+    space: int = 1
 
     def tiles(self) -> dict[str, int] | str:
-        """The tiling as ``tiles=`` spells it."""
-        return "uneven" if self.mode == "uneven" else {"batch": self.batch, "model": self.model}
+        """The tiling as ``tiles=`` spells it ("space" only when it splits)."""
+        if self.mode == "uneven":
+            return "uneven"
+        out = {"batch": self.batch, "model": self.model}
+        return {**out, "space": self.space} if self.space > 1 else out
+
+    def grown(self, batch: int, model: int, space: int) -> _Policy:
+        return _Policy("split", self.batch * batch, self.model * model, self.space * space)
 
     def chunks(self, size: int, roles: set[str]) -> tuple[int, ...]:
         if self.mode == "uneven":
             return uneven_chunks(size)
         parts = 1
-        if "batch" in roles:
-            parts *= self.batch
-        if "model" in roles:
-            parts *= self.model
+        for role, n in (("batch", self.batch), ("model", self.model), ("space", self.space)):
+            if role in roles:
+                parts *= n
         return even_chunks(size, parts)
 
 
@@ -278,15 +285,18 @@ def _policy(tiles, graph: Graph, cores: int, weights: set[str]) -> _Policy:
         tiles = _auto_tiles(graph, cores, weights)
     if not isinstance(tiles, Mapping):
         raise PlanError(
-            f"tiles must be None, 'uneven' or a dict like {{'batch': 4, 'model': 2}}, not {tiles!r}"
+            "tiles must be None, 'uneven' or a dict like {'batch': 4, 'model': 2, 'space': 2}, "
+            f"not {tiles!r}"
         )
-    bad = [k for k in tiles if k not in ("batch", "model")]
+    bad = [k for k in tiles if k not in ("batch", "model", "space")]
     if bad:
-        raise PlanError(f"tiles: unknown key(s) {bad}; use 'batch' and 'model'")
+        raise PlanError(f"tiles: unknown key(s) {bad}; use 'batch', 'model' and 'space'")
     for k, v in tiles.items():
         if not isinstance(v, int | np.integer) or v < 1:
             raise PlanError(f"tiles[{k!r}] must be a positive integer, not {v!r}")
-    return _Policy("split", int(tiles.get("batch", 1)), int(tiles.get("model", 1)))
+    return _Policy(
+        "split", int(tiles.get("batch", 1)), int(tiles.get("model", 1)), int(tiles.get("space", 1))
+    )
 
 
 def make_plan(
@@ -360,22 +370,25 @@ def make_plan(
 def _refine(graph: Graph, policy: _Policy, weights: set[str], plan: Plan, budget: int) -> Plan:
     """Split an automatic tiling further until the largest task fits ``budget``.
 
-    Each round doubles the batch tiles or the model tiles: the one that fits with fewer
-    tasks, else the one that shrinks the largest task more; both at once only when
-    neither alone shrinks it (two nodes at the top, one per role). Stops when nothing
+    Each round doubles the batch, the model or the spatial tiles: the one that fits with
+    fewer tasks, else the one that shrinks the largest task more; all at once only when
+    none alone shrinks it (several nodes at the top, one per role). Stops when nothing
     shrinks the largest task.
     """
 
-    def grown(batch: int, model: int) -> tuple[int, int, _Policy, Plan]:
-        p = _Policy("split", policy.batch * batch, policy.model * model)
+    def grown(*factors: int) -> tuple[int, int, _Policy, Plan]:
+        p = policy.grown(*factors)
         built = _build(graph, p, weights)
         return built.peak_task()[1], built.n_tasks(), p, built
 
-    while plan.peak_task()[1] > budget:
+    def shrinking(candidates) -> list:
         now = plan.peak_task()[1]
-        better = [c for c in (grown(2, 1), grown(1, 2)) if c[0] < now and c[1] <= MAX_PLAN_TASKS]
+        return [c for c in candidates if c[0] < now and c[1] <= MAX_PLAN_TASKS]
+
+    while plan.peak_task()[1] > budget:
+        better = shrinking(grown(*f) for f in ((2, 1, 1), (1, 2, 1), (1, 1, 2)))
         if not better:
-            better = [c for c in (grown(2, 2),) if c[0] < now and c[1] <= MAX_PLAN_TASKS]
+            better = shrinking([grown(2, 2, 2)])
         if not better:
             break
         fitting = [c for c in better if c[0] <= budget]
@@ -400,20 +413,24 @@ def _build(graph: Graph, policy: _Policy, weights: set[str]) -> Plan:
         sizes = _letter_sizes(node, spec, graph)
         letter_roles: dict[str, set[str]] = {c: set() for c in sizes}
         out_letters = set("".join(spec.outputs))
-        for name, s in zip(node.inputs, spec.inputs):
+        for i, (name, s) in enumerate(zip(node.inputs, spec.inputs)):
             if not name or s is None:
                 continue
             is_weight = name in graph.initializers or name in weights
             for axis, ch in enumerate(s):
-                if ch == "." or graph.types[name].shape[axis] != sizes[ch]:
+                if ch == "." or (i, axis) in spec.windows:
+                    continue
+                if graph.types[name].shape[axis] != sizes[ch]:
                     continue
                 letter_roles[ch] |= roles.get((name, axis), set())
                 if is_weight and ch in out_letters:
                     letter_roles[ch].add("model")
+        if spec.spatial[:1] in letter_roles:
+            letter_roles[spec.spatial[0]].add("space")  # slabs along the outermost axis
         letters: dict[str, tuple[int, ...]] = {}
         for ch, size in sizes.items():
             letters[ch] = policy.chunks(size, letter_roles[ch])
-        for name, s in zip(node.inputs, spec.inputs):
+        for i, (name, s) in enumerate(zip(node.inputs, spec.inputs)):
             if not name or name in chunks:
                 continue
             t = graph.types[name]
@@ -421,8 +438,14 @@ def _build(graph: Graph, policy: _Policy, weights: set[str]) -> Plan:
                 chunks[name] = tuple((d,) for d in t.shape)
             else:
                 chunks[name] = tuple(
-                    (d,) if ch == "." or d != sizes[ch] else letters[ch]
-                    for ch, d in zip(s, t.shape)
+                    (d,)
+                    if ch == "."
+                    else even_chunks(d, len(letters[ch]))  # a halo'd input: as many slabs
+                    if (i, axis) in spec.windows
+                    else (d,)
+                    if d != sizes[ch]
+                    else letters[ch]
+                    for axis, (ch, d) in enumerate(zip(s, t.shape))
                 )
         for name, s in present_outputs(node, spec):
             t = graph.types[name]
@@ -458,9 +481,9 @@ def _max_task_bytes(np_: NodePlan, graph: Graph) -> tuple[int, int]:
     """(input bytes, output bytes) of the node's largest tile task."""
     node, spec = np_.node, np_.spec
     totals = [0, 0]
-    named = [(0, n, s) for n, s in zip(node.inputs, spec.inputs)]
-    named += [(1, n, s) for n, s in present_outputs(node, spec)]
-    for side, name, s in named:
+    named = [(0, i, n, s) for i, (n, s) in enumerate(zip(node.inputs, spec.inputs))]
+    named += [(1, None, n, s) for n, s in present_outputs(node, spec)]
+    for side, i, name, s in named:
         if not name:
             continue
         t: TensorType = graph.types[name]
@@ -468,7 +491,21 @@ def _max_task_bytes(np_: NodePlan, graph: Graph) -> tuple[int, int]:
             totals[side] += t.nbytes
             continue
         n = t.dtype.itemsize
-        for ch, d in zip(s, t.shape):
-            n *= d if ch == "." or d != np_.sizes.get(ch) else max(np_.letters[ch])
+        for axis, (ch, d) in enumerate(zip(s, t.shape)):
+            window = spec.windows.get((i, axis)) if side == 0 else None
+            if ch != "." and window is not None:
+                n *= _widest_slab(window, np_.letters[ch], d)
+            else:
+                n *= d if ch == "." or d != np_.sizes.get(ch) else max(np_.letters[ch])
         totals[side] += n
     return totals[0], totals[1]
+
+
+def _widest_slab(window, chunks: tuple[int, ...], size: int) -> int:
+    """The longest input slab (clipped to ``size``) a halo read takes over the tiles."""
+    widest, lo = 0, 0
+    for c in chunks:
+        start, stop = window(lo, lo + c)
+        widest = max(widest, min(stop, size) - max(start, 0))
+        lo += c
+    return max(widest, 1)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
+from dfdl.ops import halo
 from dfdl.ops.cpu.conv import (
     conv_cpu,
     conv_grad_input_cpu,
@@ -181,20 +182,84 @@ def _conv_shape(inputs, consts, *, group=1, **attrs):
     return [TensorType((x.shape[0], m, *geo.out), x.dtype)]
 
 
+# Spatial tiling (see dfdl.ops.halo): every op here splits its spatial axes into slabs;
+# a Conv-like read of X takes a halo'd slab of it, a scatter (ConvTranspose, the Conv's
+# dX) takes the sources that reach the tile; each task gets its own explicit pads.
+
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def _gather_halo(x: TensorType, geo: Geometry, ranges_of: str, read: int):
+    """windows + tile_attrs for a Conv-like read of input ``read`` (shape ``x``), tiled
+    along the letters ``ranges_of`` (one per spatial axis, in the Conv's output space)."""
+    nd = x.rank - 2
+    eff = [(k - 1) * d + 1 for k, d in zip(geo.kernel, geo.dilations, strict=True)]
+    windows = {
+        (read, 2 + a): halo.gather_window(eff[a], geo.strides[a], geo.pads_begin[a])
+        for a in range(nd)
+    }
+
+    def tile_attrs(attrs, ranges):
+        pads = [0] * (2 * nd)
+        for a, ch in enumerate(ranges_of):
+            pads[a], pads[nd + a] = halo.gather_pads(
+                eff[a], geo.strides[a], geo.pads_begin[a], x.shape[2 + a], *ranges[ch]
+            )
+        return {**attrs, "auto_pad": "NOTSET", "pads": pads}
+
+    return windows, tile_attrs
+
+
+def _scatter_halo(src: TensorType, geo: Geometry, ranges_of: str, read: int, drop=()):
+    """windows + tile_attrs for a scatter of input ``read`` (shape ``src``) into outputs
+    tiled along ``ranges_of``; ``drop`` names attributes the explicit pads replace."""
+    nd = src.rank - 2
+    eff = [(k - 1) * d + 1 for k, d in zip(geo.kernel, geo.dilations, strict=True)]
+    n_src = src.shape[2:]
+    windows = {
+        (read, 2 + a): halo.scatter_window(eff[a], geo.strides[a], geo.pads_begin[a], n_src[a])
+        for a in range(nd)
+    }
+
+    def tile_attrs(attrs, ranges):
+        pads = [0] * (2 * nd)
+        for a, ch in enumerate(ranges_of):
+            pads[a], pads[nd + a] = halo.scatter_pads(
+                eff[a], geo.strides[a], geo.pads_begin[a], n_src[a], *ranges[ch]
+            )
+        kept = {k: v for k, v in attrs.items() if k not in drop}
+        return {**kept, "auto_pad": "NOTSET", "pads": pads}
+
+    return windows, tile_attrs
+
+
+def _geometry_attrs(attrs, names=_CONV_ATTRS) -> dict:
+    return {k: attrs[k] for k in names if k != "group" and attrs.get(k) is not None}
+
+
 def _conv_tile(ctx: TileContext) -> TileSpec:
-    x, _, b = (list(ctx.inputs) + [None])[:3]
-    sp = "." * (x.rank - 2)  # spatial axes need halos: not split (yet)
+    x, w, b = (list(ctx.inputs) + [None])[:3]
+    sp = halo.spatial_letters(x.rank - 2)
+    k = "." * (x.rank - 2)
+    geo = conv_geometry(x.shape, w.shape, **_geometry_attrs(ctx.attrs))
+    windows, tile_attrs = _gather_halo(x, geo, sp, read=0)
     if ctx.attrs.get("group", 1) == 1:
         # input channels c are contracted: partial sums over c tiles; bias added once
         return TileSpec(
-            inputs=("nc" + sp, "oc" + sp, None if b is None else "o"),
+            inputs=("nc" + sp, "oc" + k, None if b is None else "o"),
             outputs=("no" + sp,),
             reduce={"c": "sum"},
             first_only={2},
+            windows=windows,
+            spatial=sp,
+            tile_attrs=tile_attrs,
         )
     return TileSpec(
-        inputs=("n." + sp, ".." + sp, None if b is None else "."),
+        inputs=("n." + sp, ".." + k, None if b is None else "."),
         outputs=("n." + sp,),
+        windows=windows,
+        spatial=sp,
+        tile_attrs=tile_attrs,
     )
 
 
@@ -258,19 +323,31 @@ def _conv_transpose_shape(inputs, consts, *, group=1, **attrs):
 
 
 def _conv_transpose_tile(ctx: TileContext) -> TileSpec:
-    x, _, b = (list(ctx.inputs) + [None])[:3]
-    sp = "." * (x.rank - 2)
+    x, w, b = (list(ctx.inputs) + [None])[:3]
+    sp = halo.spatial_letters(x.rank - 2)
+    k = "." * (x.rank - 2)
+    names = (*_CONV_ATTRS, "output_padding", "output_shape")
+    geo = conv_transpose_geometry(x.shape, w.shape, **_geometry_attrs(ctx.attrs, names))
+    # each tile scatters its sources with explicit pads: output_padding/output_shape and
+    # SAME padding are folded into them
+    windows, tile_attrs = _scatter_halo(x, geo, sp, read=0, drop=("output_padding", "output_shape"))
     if ctx.attrs.get("group", 1) == 1:
         # W is (C_in, C_out, k...): input channels c are contracted
         return TileSpec(
-            inputs=("nc" + sp, "co" + sp, None if b is None else "o"),
+            inputs=("nc" + sp, "co" + k, None if b is None else "o"),
             outputs=("no" + sp,),
             reduce={"c": "sum"},
             first_only={2},
+            windows=windows,
+            spatial=sp,
+            tile_attrs=tile_attrs,
         )
     return TileSpec(
-        inputs=("n." + sp, ".." + sp, None if b is None else "."),
+        inputs=("n." + sp, ".." + k, None if b is None else "."),
         outputs=("n." + sp,),
+        windows=windows,
+        spatial=sp,
+        tile_attrs=tile_attrs,
     )
 
 
@@ -375,15 +452,20 @@ def _set_shape_attr(name: str):
 
 
 def _conv_grad_input_tile(ctx: TileContext) -> TileSpec:
-    dy = ctx.inputs[0]
-    sp = "." * (dy.rank - 2)
+    dy, w = ctx.inputs[:2]
+    sp = halo.spatial_letters(dy.rank - 2)
+    k = "." * (dy.rank - 2)
     adjust = _set_shape_attr("input_shape")
+    geo = conv_geometry(ctx.outputs[0].shape, w.shape, **_geometry_attrs(ctx.attrs))
+    # dX is dY scattered back through W: a dX tile takes the dY slab that reaches it
+    windows, tile_attrs = _scatter_halo(dy, geo, sp, read=0)
+    common = dict(adjust=adjust, windows=windows, spatial=sp, tile_attrs=tile_attrs)
     if ctx.attrs.get("group", 1) == 1:
         # output channels m of the forward are contracted: partial dX per m tile
         return TileSpec(
-            inputs=("nm" + sp, "mc" + sp), outputs=("nc" + sp,), reduce={"m": "sum"}, adjust=adjust
+            inputs=("nm" + sp, "mc" + k), outputs=("nc" + sp,), reduce={"m": "sum"}, **common
         )
-    return TileSpec(inputs=("n." + sp, ".." + sp), outputs=("n." + sp,), adjust=adjust)
+    return TileSpec(inputs=("n." + sp, ".." + k), outputs=("n." + sp,), **common)
 
 
 @register(
@@ -452,16 +534,18 @@ def _conv_grad_weight_shape(inputs, consts, *, group=1, weight_shape=None, **att
 
 def _conv_grad_weight_tile(ctx: TileContext) -> TileSpec:
     x = ctx.inputs[0]
-    sp = "." * (x.rank - 2)
+    sp = halo.spatial_letters(x.rank - 2)
+    k = "." * (x.rank - 2)
     adjust = _set_shape_attr("weight_shape")
-    # the batch axis n is contracted: each batch tile gives a partial dW, summed by a tree
+    geo = conv_geometry(x.shape, ctx.outputs[0].shape, **_geometry_attrs(ctx.attrs))
+    # batch and dY's spatial axes are contracted: each (batch, slab) tile gives a partial
+    # dW from its dY slab and the halo'd X slab under it, summed by a tree
+    windows, tile_attrs = _gather_halo(x, geo, sp, read=0)
+    reduce = {"n": "sum", **{ch: "sum" for ch in sp}}
+    common = dict(adjust=adjust, windows=windows, spatial=sp, tile_attrs=tile_attrs)
     if ctx.attrs.get("group", 1) == 1:
-        return TileSpec(
-            inputs=("nc" + sp, "nm" + sp), outputs=("mc" + sp,), reduce={"n": "sum"}, adjust=adjust
-        )
-    return TileSpec(
-        inputs=("n." + sp, "n." + sp), outputs=(".." + sp,), reduce={"n": "sum"}, adjust=adjust
-    )
+        return TileSpec(inputs=("nc" + sp, "nm" + sp), outputs=("mc" + k,), reduce=reduce, **common)
+    return TileSpec(inputs=("n." + sp, "n." + sp), outputs=(".." + k,), reduce=reduce, **common)
 
 
 @register(
@@ -522,8 +606,6 @@ def ConvGradWeight(
 
 
 # ------------------------------------------------------------------------- VJPs
-
-_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
 def _bias_grad(b, dy: str) -> str:

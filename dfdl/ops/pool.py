@@ -7,9 +7,11 @@ taps outside the input are skipped (max) or not counted (average, unless
 the ``ceil_mode`` overhang). In ``ceil_mode`` a last window starting in the right padding
 is dropped.
 
-Tiling: batch and channels are independent (``"ab.."``); spatial axes stay whole. When a
+Tiling: batch and channels are independent; MaxPool and AveragePool also split spatial
+axes into slabs, each reading the halo its windows need (:mod:`dfdl.ops.halo`). When a
 MaxPool node asks for its ``Indices`` output nothing is split, because the indices are
-flat offsets into the whole input tensor.
+flat offsets into the whole input tensor. The global pools and the gradient ops keep
+spatial axes whole.
 
 Training: ``dfdl.MaxPoolGrad(dY, X)`` routes each output gradient to the first max of its
 window (the forward's tie rule) and ``dfdl.AveragePoolGrad(dY; input_shape)`` spreads it
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
+from dfdl.ops import halo
 from dfdl.ops.common import letters, whole_tile
 from dfdl.ops.cpu import pool as cpu_pool
 from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
@@ -238,14 +241,54 @@ def _geometry_from_attrs(op: str, shape, attrs) -> PoolGeometry:
 
 
 def pool_tile(ctx: TileContext) -> TileSpec:
-    """Batch and channels tiled, spatial whole; nothing split when Indices is requested."""
-    if len(ctx.outputs) > 1:
-        return whole_tile(ctx)
+    """Global pools: batch and channels tiled, spatial axes whole."""
     spec = letters(2) + "." * (ctx.inputs[0].rank - 2)
     return TileSpec(inputs=(spec,), outputs=(spec,))
 
 
-@register("MaxPool", shape=_max_pool_shape, tile=pool_tile, kernels={"cpu": cpu_pool.MaxPool})
+def window_pool_tile(ctx: TileContext) -> TileSpec:
+    """MaxPool/AveragePool: batch, channels and spatial slabs (with halos) tiled.
+
+    Each spatial tile reads the slab its windows cover and gets explicit pads for the
+    part that lies outside X. Nothing is split when Indices is requested (flat offsets
+    into the whole X); an AveragePool counting pads in ceil mode keeps spatial axes whole
+    when a window overhangs the explicit pads (the overhang is not counted, explicit
+    pads are, and a tile could not tell them apart).
+    """
+    if len(ctx.outputs) > 1:
+        return whole_tile(ctx)
+    x = ctx.inputs[0]
+    nd = x.rank - 2
+    g = _geometry_from_attrs("pool", x.shape, ctx.attrs)
+    eff = [(k - 1) * d + 1 for k, d in zip(g.kernel, g.dilations, strict=True)]
+    stops = [(o - 1) * s - pb + e for o, s, pb, e in zip(g.out, g.strides, g.pads_begin, eff)]
+    overhang = any(st > n + pe for st, n, pe in zip(stops, x.shape[2:], g.pads_end))
+    if overhang and ctx.attrs.get("count_include_pad", 0):
+        spec = letters(2) + "." * nd
+        return TileSpec(inputs=(spec,), outputs=(spec,))
+    sp = halo.spatial_letters(nd)
+    windows = {
+        (0, 2 + a): halo.gather_window(eff[a], g.strides[a], g.pads_begin[a]) for a in range(nd)
+    }
+
+    def tile_attrs(attrs, ranges):
+        pads = [0] * (2 * nd)
+        for a, ch in enumerate(sp):
+            pads[a], pads[nd + a] = halo.gather_pads(
+                eff[a], g.strides[a], g.pads_begin[a], x.shape[2 + a], *ranges[ch]
+            )
+        # the tile's windows all fit its slab + pads: floor mode gives its exact count
+        return {**attrs, "auto_pad": "NOTSET", "pads": pads, "ceil_mode": 0}
+
+    spec = letters(2) + sp
+    return TileSpec(
+        inputs=(spec,), outputs=(spec,), windows=windows, spatial=sp, tile_attrs=tile_attrs
+    )
+
+
+@register(
+    "MaxPool", shape=_max_pool_shape, tile=window_pool_tile, kernels={"cpu": cpu_pool.MaxPool}
+)
 def MaxPool(
     X,
     *,
@@ -265,7 +308,10 @@ def MaxPool(
 
 
 @register(
-    "AveragePool", shape=_avg_pool_shape, tile=pool_tile, kernels={"cpu": cpu_pool.AveragePool}
+    "AveragePool",
+    shape=_avg_pool_shape,
+    tile=window_pool_tile,
+    kernels={"cpu": cpu_pool.AveragePool},
 )
 def AveragePool(
     X,

@@ -74,6 +74,18 @@ class TileSpec:
             maps input index to value for inputs whose spec is ``None``;
             ``out_regions`` holds one tuple of slices per output, in global
             coordinates.
+        windows: halo reads. For ``(input index, axis)`` whose spec character is a
+            letter, ``fn(lo, hi) -> (start, stop)`` gives the input range a tile reads
+            when the letter's tile is ``[lo, hi)`` (in the letter's coordinates:
+            convolution outputs, say). The range may reach past either end of the
+            input; lowering clips it and hands the task exactly that slab, assembled
+            from the producer tiles it overlaps. The axis need not have the letter's
+            size (strides, kernels); it does not size the letter.
+        spatial: the spec's spatial letters, outermost first. The planner splits the
+            first one into slabs (``tiles={"space": s}``); ``"uneven"`` splits all.
+        tile_attrs: optional ``tile_attrs(attrs, ranges) -> attrs`` run per task with
+            ``ranges[letter] = (lo, hi)`` for every letter of the task (outputs' and
+            contracted ones): the tile's own pads, for instance.
     """
 
     inputs: tuple[str | None, ...]
@@ -81,6 +93,11 @@ class TileSpec:
     reduce: Mapping[str, str] = field(default_factory=dict)
     first_only: frozenset[int] = frozenset()
     adjust: Callable | None = None
+    windows: Mapping[tuple[int, int], Callable[[int, int], tuple[int, int]]] = field(
+        default_factory=dict
+    )
+    spatial: str = ""
+    tile_attrs: Callable | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))

@@ -6,9 +6,10 @@ back to the input dtype (integers round half to even and saturate); nearest gath
 values without arithmetic.
 
 Tiling: axes the op leaves untouched (scale 1, same length: typically batch and
-channels) are tiled, resized axes stay whole. With ``sizes`` given, a tile's ``sizes``
-is rewritten to the tile's own length on the tiled axes. ``tf_crop_and_resize`` is never
-split (its ``roi`` is relative to the whole axis).
+channels) are tiled as they are; resized axes are tiled too, each output tile reading
+the input slab its taps reach. A tile computes the whole Resize's sampling (with the
+whole X's shape, given in the planner's ``dfdl_tile`` attribute) cut to its outputs, so
+tiles equal the untiled op bit for bit, ``tf_crop_and_resize`` included.
 
 Training: the VJP is ``dfdl.ResizeGrad(dY, roi, scales, sizes; input_shape)``, the adjoint
 of Resize as a linear map of X (gradient 0 where ``extrapolation_value`` is written); it
@@ -221,6 +222,52 @@ def axis_sampling(
     return idx, w, outside
 
 
+def forward_passes(shape, roi, scales, sizes, attrs, tile=None) -> list:
+    """The interpolation passes of a Resize, one per resized axis, in ``axes`` order.
+
+    Args:
+        shape: the shape of the X this call gets.
+        attrs: the node's attributes (defaults filled in by the caller).
+        tile: for one spatial tile, ``(whole X shape, output starts, output stops, input
+            slab starts)`` per axis: the passes are the whole Resize's, cut to the
+            tile's outputs, with source indices relative to its slab.
+
+    Returns:
+        ``[(axis, idx, w, outside, n_out)]`` as :func:`axis_sampling` gives them.
+    """
+    whole = tuple(int(v) for v in (tile[0] if tile is not None else shape))
+    plan = resize_plan(
+        whole,
+        roi,
+        scales,
+        sizes,
+        attrs["axes"],
+        attrs["keep_aspect_ratio_policy"],
+        attrs["coordinate_transformation_mode"],
+    )
+    passes = []
+    for a in plan.axes:
+        if plan.identity(a, whole[a]):
+            continue
+        idx, w, outside = axis_sampling(
+            plan,
+            a,
+            whole[a],
+            mode=attrs["mode"],
+            ctm=attrs["coordinate_transformation_mode"],
+            nearest_mode=attrs["nearest_mode"],
+            antialias=attrs["antialias"],
+            exclude_outside=attrs["exclude_outside"],
+        )
+        if tile is not None:
+            sl = slice(tile[1][a], tile[2][a])
+            idx = idx[sl] - tile[3][a]
+            w = None if w is None else w[sl]
+            outside = None if outside is None else outside[sl]
+        passes.append((a, idx, w, outside, len(idx)))
+    return passes
+
+
 def _saturate(value, dtype: np.dtype):
     """Round and clip float64 values into an integer dtype (floats just cast)."""
     if dtype.kind in "iu":
@@ -247,30 +294,47 @@ def _plan_from_attrs(shape, consts, attrs) -> ResizePlan:
     return resize_plan(shape, consts[1], consts[2], consts[3], attrs.get("axes"), policy, ctm)
 
 
-def _resize_tile(ctx: TileContext) -> TileSpec:
-    X = ctx.inputs[0]
-    attrs = ctx.attrs
-    if attrs.get("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
-        return whole_tile(ctx)
-    plan = _plan_from_attrs(X.shape, ctx.consts, attrs)
-    spec = "".join(LETTERS[a] if plan.identity(a, X.shape[a]) else "." for a in range(len(X.shape)))
-    inputs = (spec,) + tuple(None for _ in ctx.inputs[1:])
-    sizes_given = len(ctx.consts) > 3 and _given(ctx.consts[3]) is not None
-    tiled_axes = [a for a, ch in enumerate(spec) if ch != "."]
+_RESIZE_DEFAULTS = dict(
+    axes=None,
+    keep_aspect_ratio_policy="stretch",
+    coordinate_transformation_mode="half_pixel",
+    mode="nearest",
+    nearest_mode="round_prefer_floor",
+    antialias=0,
+    exclude_outside=0,
+)
 
-    def adjust(attrs, consts, out_regions):
-        # a tiled axis is copied unchanged, so its requested size is the tile's length
-        region = out_regions[0]
-        sizes = np.array(consts[3], dtype=np.int64)
-        for i, a in enumerate(plan.axes):
-            if a in tiled_axes:
-                sizes[i] = region[a].stop - region[a].start
-        return attrs, {**consts, 3: sizes}
+
+def _resize_tile(ctx: TileContext) -> TileSpec:
+    """Copied axes tiled as they are; resized axes tiled too, each output tile reading the
+    input slab its taps reach (``dfdl_tile`` tells the kernel where it stands)."""
+    X = ctx.inputs[0]
+    attrs = {**_RESIZE_DEFAULTS, **ctx.attrs}
+    consts = (list(ctx.consts) + [None] * 4)[:4]
+    passes = forward_passes(X.shape, *consts[1:], attrs)
+    resized = {p[0]: p[1] for p in passes}
+    # copied axes keep their own letter; resized ones take letters from the alphabet's end
+    spec = "".join(LETTERS[-1 - a] if a in resized else LETTERS[a] for a in range(X.rank))
+    inputs = (spec,) + tuple(None for _ in ctx.inputs[1:])
+    windows = {
+        (0, a): (lambda lo, hi, idx=idx: (int(idx[lo:hi].min()), int(idx[lo:hi].max()) + 1))
+        for a, idx in resized.items()
+    }
+
+    def tile_attrs(attrs, ranges):
+        out_lo = [ranges[ch][0] if ch in ranges else 0 for ch in spec]
+        out_hi = [ranges[ch][1] if ch in ranges else n for ch, n in zip(spec, X.shape)]
+        in_lo = list(out_lo)
+        for a, window in windows.items():
+            in_lo[a[1]] = max(0, window(out_lo[a[1]], out_hi[a[1]])[0])
+        return {**attrs, "dfdl_tile": (X.shape, out_lo, out_hi, in_lo)}
 
     return TileSpec(
         inputs=inputs,
         outputs=(spec,),
-        adjust=adjust if sizes_given and tiled_axes else None,
+        windows=windows,
+        spatial="".join(ch for a, ch in enumerate(spec) if a in resized),
+        tile_attrs=tile_attrs,
     )
 
 
@@ -296,29 +360,29 @@ def Resize(
     keep_aspect_ratio_policy="stretch",
     mode="nearest",
     nearest_mode="round_prefer_floor",
+    dfdl_tile=None,
 ):
-    """ONNX Resize for modes "nearest" and "linear" (see the module docstring)."""
+    """ONNX Resize for modes "nearest" and "linear" (see the module docstring).
+
+    ``dfdl_tile`` is set by the planner, never by a model: this call computes one spatial
+    tile of the whole Resize (see :func:`forward_passes`).
+    """
     check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
-    plan = resize_plan(
-        X.shape, roi, scales, sizes, axes, keep_aspect_ratio_policy, coordinate_transformation_mode
+    attrs = dict(
+        axes=axes,
+        keep_aspect_ratio_policy=keep_aspect_ratio_policy,
+        coordinate_transformation_mode=coordinate_transformation_mode,
+        mode=mode,
+        nearest_mode=nearest_mode,
+        antialias=antialias,
+        exclude_outside=exclude_outside,
     )
+    passes = forward_passes(X.shape, roi, scales, sizes, attrs, dfdl_tile)
     y = X if mode == "nearest" else X.astype(np.float64)
     fill = _saturate(extrapolation_value, X.dtype) if mode == "nearest" else extrapolation_value
-    for a in plan.axes:
-        if plan.identity(a, y.shape[a]):
-            continue
-        idx, w, outside = axis_sampling(
-            plan,
-            a,
-            y.shape[a],
-            mode=mode,
-            ctm=coordinate_transformation_mode,
-            nearest_mode=nearest_mode,
-            antialias=antialias,
-            exclude_outside=exclude_outside,
-        )
+    for a, idx, w, outside, n_out in passes:
         bshape = [1] * X.ndim
-        bshape[a] = plan.out[a]
+        bshape[a] = n_out
         if w is None:
             y = np.take(y, idx[:, 0], axis=a)
         else:

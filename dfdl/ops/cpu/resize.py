@@ -67,6 +67,7 @@ def Resize(
     keep_aspect_ratio_policy="stretch",
     mode="nearest",
     nearest_mode="round_prefer_floor",
+    dfdl_tile=None,
 ):
     """numba linear Resize; the numpy forward for nearest and other dtypes."""
     if mode != "linear" or X.dtype not in _KERNEL_DTYPES:
@@ -84,36 +85,32 @@ def Resize(
             keep_aspect_ratio_policy=keep_aspect_ratio_policy,
             mode=mode,
             nearest_mode=nearest_mode,
+            dfdl_tile=dfdl_tile,
         )
     ref.check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
-    plan = ref.resize_plan(
-        X.shape, roi, scales, sizes, axes, keep_aspect_ratio_policy, coordinate_transformation_mode
+    attrs = dict(
+        axes=axes,
+        keep_aspect_ratio_policy=keep_aspect_ratio_policy,
+        coordinate_transformation_mode=coordinate_transformation_mode,
+        mode=mode,
+        nearest_mode=nearest_mode,
+        antialias=antialias,
+        exclude_outside=exclude_outside,
     )
     y = np.ascontiguousarray(X)
-    for a in plan.axes:
+    passes = ref.forward_passes(X.shape, roi, scales, sizes, attrs, dfdl_tile)
+    for a, idx, w, outside, n_out in passes:
         L = y.shape[a]
-        if plan.identity(a, L):
-            continue
-        idx, w, outside = ref.axis_sampling(
-            plan,
-            a,
-            L,
-            mode=mode,
-            ctm=coordinate_transformation_mode,
-            nearest_mode=nearest_mode,
-            antialias=antialias,
-            exclude_outside=exclude_outside,
-        )
         if outside is None:
             outside = np.zeros(len(idx), bool)
         outer, inner = math.prod(y.shape[:a]), math.prod(y.shape[a + 1 :])
-        new_shape = y.shape[:a] + (plan.out[a],) + y.shape[a + 1 :]
+        new_shape = y.shape[:a] + (n_out,) + y.shape[a + 1 :]
         out = np.empty(new_shape, X.dtype)
-        args = (idx.astype(np.int64), w, outside, float(extrapolation_value))
+        args = (idx.astype(np.int64), np.ascontiguousarray(w), outside, float(extrapolation_value))
         if inner == 1:
-            _resize_last_axis(y.reshape(outer, L), out.reshape(outer, plan.out[a]), *args)
+            _resize_last_axis(y.reshape(outer, L), out.reshape(outer, n_out), *args)
         else:
-            _resize_axis(y.reshape(outer, L, inner), out.reshape(outer, plan.out[a], inner), *args)
+            _resize_axis(y.reshape(outer, L, inner), out.reshape(outer, n_out, inner), *args)
         y = out
     return X.copy() if y is X else y
 

@@ -1,0 +1,77 @@
+"""Spatial tiling with halos: the input slab a tile of a sliding-window op reads, and the
+pads that tile's kernel needs so that it computes exactly its part of the whole.
+
+Along one spatial axis, with window extent ``eff = (k - 1) * d + 1``, stride ``s`` and
+begin pad ``p``:
+
+* a *gather* op (Conv, MaxPool, AveragePool; ConvGradWeight reading X) computes output
+  ``o`` from inputs ``o*s - p ... o*s - p + eff - 1``, so outputs ``[lo, hi)`` read the
+  slab ``[lo*s - p, (hi-1)*s - p + eff)``. Clipped to the input, the tile's pads are
+  what the slab reaches past the input's ends (zero at interior tile borders);
+* a *scatter* op (ConvTranspose, ConvGradInput) adds input ``i`` into outputs
+  ``i*s - p + j*d``, so outputs ``[lo, hi)`` receive from inputs
+  ``floor((lo + p - eff + 1) / s) ... floor((hi - 1 + p) / s)``; the tile's pads place
+  that slab's scatter so that exactly ``[lo, hi)`` is kept (a negative end pad crops).
+
+Tiles then compute the same sums as the untiled op, term by term, so a spatially tiled
+forward equals the untiled one (the planner's invariant 1).
+
+Example:
+    >>> gather_window(eff=3, stride=1, pad=1)(0, 4)
+    (-1, 5)
+    >>> gather_pads(eff=3, stride=1, pad=1, size=8, lo=0, hi=4)
+    (1, 0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dfdl.ops.common import LETTERS
+
+Window = Callable[[int, int], tuple[int, int]]
+
+
+def spatial_letters(nd: int) -> str:
+    """Letters for ``nd`` spatial axes, outermost first, taken from the alphabet's end
+    (``spatial_letters(3) == "xyz"``) so they never meet batch/channel letters."""
+    return LETTERS[len(LETTERS) - nd :]
+
+
+def gather_window(eff: int, stride: int, pad: int) -> Window:
+    """Input range (unclipped) read by the outputs ``[lo, hi)`` of a gather op."""
+
+    def window(lo: int, hi: int) -> tuple[int, int]:
+        return lo * stride - pad, (hi - 1) * stride - pad + eff
+
+    return window
+
+
+def gather_pads(eff: int, stride: int, pad: int, size: int, lo: int, hi: int) -> tuple[int, int]:
+    """(begin, end) pads of a gather tile whose slab is clipped to an input of ``size``."""
+    start, stop = gather_window(eff, stride, pad)(lo, hi)
+    return max(0, -start), max(0, stop - size)
+
+
+def scatter_window(eff: int, stride: int, pad: int, n_src: int) -> Window:
+    """Source range (clipped, never empty) that a scatter op adds into outputs ``[lo, hi)``.
+
+    The start rounds down, so it may take one source whose terms all fall before ``lo``;
+    they are cropped, and the tile's begin pad stays >= 0.
+    """
+
+    def window(lo: int, hi: int) -> tuple[int, int]:
+        start = min(max(0, (lo + pad - eff + 1) // stride), n_src - 1)
+        stop = min(n_src, (hi - 1 + pad) // stride + 1)
+        return start, max(stop, start + 1)
+
+    return window
+
+
+def scatter_pads(eff: int, stride: int, pad: int, n_src: int, lo: int, hi: int) -> tuple[int, int]:
+    """(begin, end) pads of a scatter tile: with them, scattering the tile's source slab
+    writes exactly the outputs ``[lo, hi)``."""
+    start, stop = scatter_window(eff, stride, pad, n_src)(lo, hi)
+    begin = lo + pad - start * stride
+    end = stride * (stop - start - 1) + eff - begin - (hi - lo)
+    return begin, end
