@@ -300,7 +300,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan = tg.plan(args.tiles, cores=cores, memory_limit=memory)
     else:  # as dfdl.plan does
         plan = make_plan(bind(graph, types), args.tiles, cores=cores, memory_limit=memory)
-    print(plan.summary())
+    # --workers N: N one-thread processes; else the embedded cluster's one process
+    layout = (args.workers, 1) if args.workers else (1, cores)
+    print(plan.summary(workers=layout[0], threads_per_worker=layout[1]))
     return 0
 
 

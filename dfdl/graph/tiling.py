@@ -113,6 +113,7 @@ class Plan:
     task_bytes: dict[str, int] = field(default_factory=dict)
     task_memory: dict[str, int] = field(default_factory=dict)
     memory_limit: int | None = None
+    weights: frozenset[str] = frozenset()  # carried inputs (parameters, optimizer state)
 
     def n_tasks(self) -> int:
         """Number of compute tasks of one forward pass (sources excluded)."""
@@ -133,8 +134,21 @@ class Plan:
         name = max(self.task_memory, key=self.task_memory.get)
         return name, self.task_memory[name]
 
-    def summary(self) -> str:
-        """Human-readable table: each tensor's tiling, the task count, the largest task."""
+    def estimate(self, workers: int, threads_per_worker: int = 1):
+        """The pre-flight memory estimate on ``workers`` processes (see
+        :func:`dfdl.graph.estimate.estimate_memory`).
+
+        Example:
+            >>> plan.estimate(workers=2).spilled_per_step  # doctest: +SKIP
+        """
+        from dfdl.graph.estimate import estimate_memory
+
+        return estimate_memory(self, workers, threads_per_worker=threads_per_worker)
+
+    def summary(self, workers: int | None = None, threads_per_worker: int = 1) -> str:
+        """Human-readable table: each tensor's tiling, the task count, the largest task;
+        with ``workers`` (processes) also the memory estimate
+        (:func:`dfdl.graph.estimate.estimate_memory`)."""
         g = self.graph
         lines = [
             f"plan for {g.name!r}: {len(self.nodes)} nodes, {self.n_tasks()} tasks,"
@@ -148,6 +162,11 @@ class Plan:
                 f"largest task memory: {name} ({_fmt_bytes(nbytes)} with temporaries; "
                 f"worker memory limit {_fmt_bytes(self.memory_limit)})"
             )
+        if workers:
+            from dfdl.graph.estimate import estimate_memory
+
+            est = estimate_memory(self, workers, threads_per_worker=threads_per_worker)
+            lines.extend(est.lines())
         lines.append(f"{'tensor':40s} {'shape':22s} {'dtype':8s} {'tiles':>6s}  chunks")
         for tname, ch in self.chunks.items():
             t = g.types[tname]
@@ -466,7 +485,15 @@ def _build(graph: Graph, policy: _Policy, weights: set[str]) -> Plan:
     for name in graph.outputs:
         if name not in chunks:
             chunks[name] = tuple((d,) for d in graph.types[name].shape)
-    return Plan(graph, chunks, node_plans, policy.tiles(), task_bytes, task_memory)
+    return Plan(
+        graph,
+        chunks,
+        node_plans,
+        policy.tiles(),
+        task_bytes,
+        task_memory,
+        weights=frozenset(weights),
+    )
 
 
 def _same_shape_input(node: Node, graph: Graph, t: TensorType) -> str | None:
