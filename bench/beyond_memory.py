@@ -15,7 +15,8 @@ Dask's memory manager is configured as in dfdl's spill test: tiles (the bytes Da
 manages) are kept under ``target = 0.6`` of the limit and the rest spilled; Dask's
 process-memory thresholds (spill/pause/terminate on the process's RSS) are off, because
 at limits of a few hundred MiB the worker process's own footprint (interpreter, numpy,
-numba, dfdl: about 250 MB, measured and reported) would already exceed them. Each
+numba, dfdl: about 200 MB, measured and reported) would already exceed them
+(``--process-thresholds`` keeps them, for limits well above that footprint). Each
 worker's resident memory is sampled every 20 ms; the report gives its peak, its idle
 footprint before training (after one step of a tiny MLP has loaded the kernels and
 freed memory has been returned to the system), and the peak above that footprint,
@@ -35,14 +36,16 @@ and its error.
 
 Usage:
     python bench/beyond_memory.py [--workers 2] [--memory-limit 256MiB] [--factor 8]
-        [--steps 3] [--batch 64] [--json out.json]
+        [--steps 3] [--batch 64] [--process-thresholds] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -157,10 +160,10 @@ def _warm_up(client) -> None:
     client.run(_trim)
 
 
-def train_once(sizes, data, batch, steps, workers, limit, tiles, spill_dir) -> dict:
+def train_once(sizes, data, batch, steps, workers, limit, tiles, spill_dir, config) -> dict:
     """One training run on a fresh cluster; figures about it."""
     with (
-        dask.config.set(MANAGED_ONLY),
+        dask.config.set(config),
         dfdl.LocalCluster(workers, memory_limit=limit, local_directory=spill_dir) as cluster,
         Client(cluster) as client,
     ):
@@ -183,16 +186,20 @@ def train_once(sizes, data, batch, steps, workers, limit, tiles, spill_dir) -> d
         after = _pids(client)
     t = result.timings
     seconds = t["total_s"] - t.get("setup_s", 0.0)
+    history = result.history
+    del result  # the trained model and parameters: as large as the weights
+    gc.collect()
     return {
-        "result": result,
+        "history": history,
         "seconds": seconds,
         "samples_per_s": steps * batch / seconds,
         "peak_rss": rss.peak,
         "idle_rss": idle,
         "peak_above_idle": {w: rss.peak[w] - idle[w] for w in idle},
         "restarted": sorted(w for w in before if after.get(w) != before[w]),
-        "spilled_per_step": float(np.mean(result.history["spilled_bytes"])),
-        "unspilled_per_step": float(np.mean(result.history["unspilled_bytes"])),
+        "spilled_per_step": float(np.mean(history["spilled_bytes"])),
+        "unspilled_per_step": float(np.mean(history["unspilled_bytes"])),
+        "client_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
 
@@ -272,6 +279,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--in", dest="n_in", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument(
+        "--process-thresholds",
+        action="store_true",
+        help="keep Dask's process-memory spill/pause/terminate thresholds (default: off)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -294,6 +306,7 @@ def main(argv=None) -> int:
         "model": {"sizes": sizes, "batch": args.batch, "steps": args.steps},
         "workers": args.workers,
         "memory_limit": limit,
+        "dask_process_thresholds": args.process_thresholds,
         "working_set": ws,
         "working_set_over_cap": ws / cap,
         "tiles": plan.tiles,
@@ -304,17 +317,14 @@ def main(argv=None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="dfdl-spill-") as spill:
         report["disk"] = disk_bandwidth(spill)
-        capped = train_once(
-            sizes, (X, y), args.batch, args.steps, args.workers, limit, plan.tiles, spill
-        )
-        uncapped = train_once(
-            sizes, (X, y), args.batch, args.steps, args.workers, UNCAPPED_LIMIT, plan.tiles, spill
-        )
+        config = {} if args.process_thresholds else MANAGED_ONLY
+        common = ((X, y), args.batch, args.steps, args.workers)
+        capped = train_once(sizes, *common, limit, plan.tiles, spill, config)
+        uncapped = train_once(sizes, *common, UNCAPPED_LIMIT, plan.tiles, spill, config)
     report["torch_under_cap"] = torch_under_cap(cap, sizes, args.batch)
-    same = capped["result"].history["loss"] == uncapped["result"].history["loss"]
+    same = capped["history"]["loss"] == uncapped["history"]["loss"]
     for name, run in (("capped_spill", capped), ("uncapped", uncapped)):
-        report[name] = {k: v for k, v in run.items() if k != "result"}
-        report[name]["losses"] = run["result"].history["loss"]
+        report[name] = dict(run)
     report["losses_bit_identical"] = same
     report["retention"] = capped["samples_per_s"] / uncapped["samples_per_s"]
     report["recompute"] = "not implemented (memory='recompute' is future work)"
@@ -334,6 +344,10 @@ def main(argv=None) -> int:
         )
     print(f"throughput retention (capped / uncapped): {report['retention']:.1%}")
     print(f"losses bit for bit equal: {same}")
+    print(
+        f"client process peak RSS: {_mib(uncapped['client_peak_rss'])} "
+        "(the weights are built, sent and gathered there)"
+    )
     print(f"predicted spilled/step {_mib(est.spilled_per_step)}")
     for w in sorted(peaks):
         idle = capped["idle_rss"][w]

@@ -24,6 +24,7 @@ from dfdl.errors import TrainingError
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
 from dfdl.graph.training import TrainingGraph, node_seed
+from dfdl.scheduler.cluster import byte_batches, transfer_budget
 
 #: batch tiles above this size are scattered rather than embedded in the graph
 EMBED_BYTES = 4 * 2**20
@@ -58,24 +59,42 @@ class ClusterState:
                 key = (task_name(f"{name}-init", token), *idx)
                 data[key] = tile
                 where[(name, idx)] = key
-        futures = client.scatter(data, hash=False) if data else {}
+        # in batches a share of the workers' memory: each batch can be spilled before the next
+        keys = list(data)
+        futures = {}
+        for part in byte_batches([data[k].nbytes for k in keys], transfer_budget(client)):
+            if len(part):
+                try:
+                    batch = {keys[i]: data[keys[i]] for i in part}
+                    futures.update(client.scatter(batch, hash=False))
+                except TimeoutError:  # the scheduler found no running worker to take them
+                    workers = client.scheduler_info()["workers"]
+                    paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
+                    if paused and len(paused) == len(workers):
+                        raise paused_error(paused, "while the weights were sent") from None
+                    raise
         refs: dict[str, dict] = {n: {} for n in values}
         for (name, idx), key in where.items():
             refs[name][idx] = futures[key]
         return cls(refs, {n: chunks[n] for n in values}, list(futures.values()))
 
     def gather(self, client, types) -> dict[str, np.ndarray]:
-        """The carried tensors as numpy arrays (one round trip)."""
+        """The carried tensors as numpy arrays, gathered in batches of a share of the
+        workers' memory (a worker reads spilled tiles back to send them)."""
         flat = [(n, idx, r) for n, tiles in self.refs.items() for idx, r in tiles.items()]
-        futs = [r.ref if isinstance(r, Picked) else r for _, _, r in flat]
-        got = client.gather(futs)
+        regions = {n: tile_regions(self.chunks[n]) for n in self.refs}
+        sizes = [
+            types[n].dtype.itemsize * math.prod(s.stop - s.start for s in regions[n][idx])
+            for n, idx, _ in flat
+        ]
         out = {}
-        for (name, idx, r), v in zip(flat, got):
-            if name not in out:
-                out[name] = np.empty(types[name].shape, dtype=types[name].dtype)
-            out[name][tile_regions(self.chunks[name])[idx]] = (
-                v[r.pos] if isinstance(r, Picked) else v
-            )
+        for part in byte_batches(sizes, transfer_budget(client)):
+            batch = [flat[i] for i in part]
+            got = client.gather([r.ref if isinstance(r, Picked) else r for _, _, r in batch])
+            for (name, idx, r), v in zip(batch, got):
+                if name not in out:
+                    out[name] = np.empty(types[name].shape, dtype=types[name].dtype)
+                out[name][regions[name][idx]] = v[r.pos] if isinstance(r, Picked) else v
         return out
 
 
@@ -304,6 +323,51 @@ class SpillMeter:
         return max(0, int(written)), max(0, int(read))
 
 
+#: seconds every worker may stay paused by Dask's memory monitor (process memory above
+#: ``distributed.worker.memory.pause`` of its limit) before training gives up: paused
+#: workers whose memory is not Dask's to spill never resume (measured: 2 workers x
+#: 512 MiB, about 200 MB of it the idle process, stalled for good at 82%)
+PAUSED_GIVE_UP_S = 120.0
+
+
+def gather_watching(client, futures, *, poll: float = 5.0, give_up: float | None = None):
+    """``client.gather(futures)``, but a :class:`TrainingError` instead of a hang when
+    every worker stays paused for memory for ``give_up`` seconds."""
+    give_up = PAUSED_GIVE_UP_S if give_up is None else give_up
+    paused_since = None
+    while True:
+        deadline, nap = time.perf_counter() + poll, 0.001
+        while time.perf_counter() < deadline:
+            if all(f.done() for f in futures):
+                return client.gather(futures)  # raises the task's error if one failed
+            time.sleep(nap)
+            nap = min(2 * nap, 0.1)
+        workers = client.scheduler_info()["workers"]
+        paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
+        if not workers or len(paused) < len(workers):
+            paused_since = None
+            continue
+        paused_since = paused_since or time.perf_counter()
+        if time.perf_counter() - paused_since >= give_up:
+            raise paused_error(paused, f"for {give_up:.0f} s")
+
+
+def paused_error(paused: dict, how_long: str) -> TrainingError:
+    """The error for workers that Dask's memory monitor paused and that do not resume."""
+    detail = ", ".join(
+        f"{a} at {w['metrics'].get('memory', 0) / 2**20:.0f} MiB of "
+        f"{(w.get('memory_limit') or 0) / 2**20:.0f} MiB"
+        for a, w in sorted(paused.items())
+    )
+    return TrainingError(
+        f"every worker has been paused by Dask's memory monitor {how_long} ({detail}); "
+        "training stopped instead of waiting forever. The memory above the pause threshold "
+        "is not tiles Dask can spill (the worker process itself, buffers): give the workers "
+        "larger memory limits (the idle worker process alone takes about 200 MB), or fewer, "
+        "larger workers."
+    )
+
+
 class LossCollector:
     """Gathers loss futures in bulk, a submission late; raises on a non-finite loss.
 
@@ -335,7 +399,7 @@ class LossCollector:
         """Gather all pending losses except the newest ``keep_last``."""
         n = len(self.pending) - keep_last
         batch, self.pending = self.pending[: max(n, 0)], self.pending[max(n, 0) :]
-        got = self.client.gather([f for _, (f, _) in batch]) if batch else []
+        got = gather_watching(self.client, [f for _, (f, _) in batch]) if batch else []
         if self.spill is not None:
             self.unmetered.extend(step for step, _ in batch)
             if self.unmetered and (final or self.spill.due()):

@@ -59,3 +59,16 @@ def test_install_on_a_plain_cluster_also_reaches_workers_started_later():
         states = client.run(_worker_state).values()
         assert [s["interval"] for s in states] == [0.001, 0.001]
         assert client.run_on_scheduler(_scheduler_intervals) == [0.001, 0.001]
+
+
+def test_byte_batches_stay_under_the_budget():
+    from dfdl.scheduler.cluster import byte_batches
+
+    sizes = [4, 4, 4, 9, 1, 1, 1]
+    parts = byte_batches(sizes, 8)
+    assert [i for p in parts for i in p] == list(range(len(sizes)))  # all, in order
+    for p in parts:
+        assert sum(sizes[i] for i in p) <= 8 or len(p) == 1  # only a lone item may exceed
+    assert len(parts) == 4
+    assert byte_batches(sizes, None) == [range(7)]
+    assert byte_batches([], 8) == [range(0)]
