@@ -113,7 +113,6 @@ class Plan:
     task_bytes: dict[str, int] = field(default_factory=dict)
     task_memory: dict[str, int] = field(default_factory=dict)
     memory_limit: int | None = None
-    weights: frozenset[str] = frozenset()  # carried inputs (parameters, optimizer state)
 
     def n_tasks(self) -> int:
         """Number of compute tasks of one forward pass (sources excluded)."""
@@ -163,10 +162,7 @@ class Plan:
                 f"worker memory limit {_fmt_bytes(self.memory_limit)})"
             )
         if workers:
-            from dfdl.graph.estimate import estimate_memory
-
-            est = estimate_memory(self, workers, threads_per_worker=threads_per_worker)
-            lines.extend(est.lines())
+            lines.extend(self.estimate(workers, threads_per_worker).lines())
         lines.append(f"{'tensor':40s} {'shape':22s} {'dtype':8s} {'tiles':>6s}  chunks")
         for tname, ch in self.chunks.items():
             t = g.types[tname]
@@ -485,15 +481,7 @@ def _build(graph: Graph, policy: _Policy, weights: set[str]) -> Plan:
     for name in graph.outputs:
         if name not in chunks:
             chunks[name] = tuple((d,) for d in graph.types[name].shape)
-    return Plan(
-        graph,
-        chunks,
-        node_plans,
-        policy.tiles(),
-        task_bytes,
-        task_memory,
-        weights=frozenset(weights),
-    )
+    return Plan(graph, chunks, node_plans, policy.tiles(), task_bytes, task_memory)
 
 
 def _same_shape_input(node: Node, graph: Graph, t: TensorType) -> str | None:
