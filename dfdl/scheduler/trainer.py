@@ -11,6 +11,7 @@ in bulk, never with a round trip per step.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -334,14 +335,22 @@ def gather_watching(client, futures, *, poll: float = 5.0, give_up: float | None
     """``client.gather(futures)``, but a :class:`TrainingError` instead of a hang when
     every worker stays paused for memory for ``give_up`` seconds."""
     give_up = PAUSED_GIVE_UP_S if give_up is None else give_up
+    remaining, lock, done = [len(futures)], threading.Lock(), threading.Event()
+
+    def one_done(_future) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0] <= 0:
+                done.set()
+
+    if not futures:
+        done.set()
+    for f in futures:
+        f.add_done_callback(one_done)  # called once the future is finished, erred or cancelled
     paused_since = None
     while True:
-        deadline, nap = time.perf_counter() + poll, 0.001
-        while time.perf_counter() < deadline:
-            if all(f.done() for f in futures):
-                return client.gather(futures)  # raises the task's error if one failed
-            time.sleep(nap)
-            nap = min(2 * nap, 0.1)
+        if done.wait(poll):
+            return client.gather(futures)  # raises the task's error if one failed
         workers = client.scheduler_info()["workers"]
         paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
         if not workers or len(paused) < len(workers):
