@@ -380,6 +380,7 @@ def describe_model(model, title: str = "model") -> str:
     from collections import Counter
 
     from dfdl.graph.onnx_io import MAX_OPSET, MIN_OPSET
+    from dfdl.graph.tiling import format_bytes
     from dfdl.ops import lookup
     from dfdl.ops.registry import ONNX_DOMAINS
 
@@ -410,7 +411,7 @@ def describe_model(model, title: str = "model") -> str:
         lines.append(f"  {_op_name(domain, op_type):{width}s} {count:6d}  {mark}")
     count, nbytes = _parameter_size(g.initializer)
     lines.append(
-        f"parameters: {count:,} values in {len(g.initializer)} initializers, {_fmt_bytes(nbytes)}"
+        f"parameters: {count:,} values in {len(g.initializer)} initializers, {format_bytes(nbytes)}"
     )
     if unsupported:
         lines.append(f"unsupported ops: {', '.join(unsupported)}")
@@ -460,14 +461,6 @@ def _parameter_size(initializers) -> tuple[int, int]:
         except Exception:  # types numpy lacks (4-bit, strings): the stored size
             nbytes += len(t.raw_data)
     return count, nbytes
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 # ---------------------------------------------------------------------------- parser

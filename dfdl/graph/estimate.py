@@ -39,19 +39,19 @@ class MemoryEstimate:
     memory_limit: int | None
 
     def lines(self) -> list[str]:
-        from dfdl.graph.tiling import _fmt_bytes
+        from dfdl.graph.tiling import format_bytes
 
         if self.memory_limit:
             times = self.working_set / (self.workers * self.memory_limit)
             where = f"{times:.1f}x the {self.workers} worker(s)' limits of "
-            where += f"{_fmt_bytes(self.memory_limit)}"
+            where += f"{format_bytes(self.memory_limit)}"
         else:
             where = f"{self.workers} worker(s), no memory limit"
         return [
-            f"working set: {_fmt_bytes(self.working_set)} ({where})",
-            f"predicted peak tile memory per worker: {_fmt_bytes(self.peak_per_worker)} "
+            f"working set: {format_bytes(self.working_set)} ({where})",
+            f"predicted peak tile memory per worker: {format_bytes(self.peak_per_worker)} "
             "(above the worker process's own footprint)",
-            f"predicted bytes spilled per step: {_fmt_bytes(self.spilled_per_step)}",
+            f"predicted bytes spilled per step: {format_bytes(self.spilled_per_step)}",
         ]
 
 

@@ -154,12 +154,12 @@ class Plan:
             f" tiles={self.tiles!r}"
         ]
         name, nbytes = self.largest_task()
-        lines.append(f"largest task: {name} ({_fmt_bytes(nbytes)} in + out)")
+        lines.append(f"largest task: {name} ({format_bytes(nbytes)} in + out)")
         if self.memory_limit:
             name, nbytes = self.peak_task()
             lines.append(
-                f"largest task memory: {name} ({_fmt_bytes(nbytes)} with temporaries; "
-                f"worker memory limit {_fmt_bytes(self.memory_limit)})"
+                f"largest task memory: {name} ({format_bytes(nbytes)} with temporaries; "
+                f"worker memory limit {format_bytes(self.memory_limit)})"
             )
         if workers:
             lines.extend(self.estimate(workers, threads_per_worker).lines())
@@ -181,7 +181,8 @@ def _fmt_chunks(c: tuple[int, ...]) -> str:
     return "(" + ",".join(map(str, c)) + ")"
 
 
-def _fmt_bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """Bytes for people: ``format_bytes(3 * 2**20) == "3.0 MiB"``."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -369,9 +370,9 @@ def make_plan(
             f"{plan.n_tasks()} tasks; at most {MAX_PLAN_TASKS})"
         )
         raise MemoryPlanError(
-            f"node {name!r} needs about {_fmt_bytes(need)} per task with {how}, more than "
-            f"{task_fraction:g} of the worker memory limit {_fmt_bytes(memory_limit)}. "
-            f"Give each worker at least {_fmt_bytes(smallest)}"
+            f"node {name!r} needs about {format_bytes(need)} per task with {how}, more than "
+            f"{task_fraction:g} of the worker memory limit {format_bytes(memory_limit)}. "
+            f"Give each worker at least {format_bytes(smallest)}"
             + (", or split further with tiles=" if tiles is not None else ", or a smaller batch")
             + ".",
             node=name,

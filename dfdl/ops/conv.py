@@ -192,20 +192,12 @@ _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "stride
 def _gather_halo(x: TensorType, geo: Geometry, ranges_of: str, read: int):
     """windows + tile_attrs for a Conv-like read of input ``read`` (shape ``x``), tiled
     along the letters ``ranges_of`` (one per spatial axis, in the Conv's output space)."""
-    nd = x.rank - 2
-    eff = [(k - 1) * d + 1 for k, d in zip(geo.kernel, geo.dilations, strict=True)]
-    windows = {
-        (read, 2 + a): halo.gather_window(eff[a], geo.strides[a], geo.pads_begin[a])
-        for a in range(nd)
-    }
+    windows, pads = halo.gather_halo(
+        x.shape[2:], geo.kernel, geo.strides, geo.dilations, geo.pads_begin, ranges_of, read
+    )
 
     def tile_attrs(attrs, ranges):
-        pads = [0] * (2 * nd)
-        for a, ch in enumerate(ranges_of):
-            pads[a], pads[nd + a] = halo.gather_pads(
-                eff[a], geo.strides[a], geo.pads_begin[a], x.shape[2 + a], *ranges[ch]
-            )
-        return {**attrs, "auto_pad": "NOTSET", "pads": pads}
+        return {**attrs, "auto_pad": "NOTSET", "pads": pads(ranges)}
 
     return windows, tile_attrs
 
@@ -213,22 +205,13 @@ def _gather_halo(x: TensorType, geo: Geometry, ranges_of: str, read: int):
 def _scatter_halo(src: TensorType, geo: Geometry, ranges_of: str, read: int, drop=()):
     """windows + tile_attrs for a scatter of input ``read`` (shape ``src``) into outputs
     tiled along ``ranges_of``; ``drop`` names attributes the explicit pads replace."""
-    nd = src.rank - 2
-    eff = [(k - 1) * d + 1 for k, d in zip(geo.kernel, geo.dilations, strict=True)]
-    n_src = src.shape[2:]
-    windows = {
-        (read, 2 + a): halo.scatter_window(eff[a], geo.strides[a], geo.pads_begin[a], n_src[a])
-        for a in range(nd)
-    }
+    windows, pads = halo.scatter_halo(
+        src.shape[2:], geo.kernel, geo.strides, geo.dilations, geo.pads_begin, ranges_of, read
+    )
 
     def tile_attrs(attrs, ranges):
-        pads = [0] * (2 * nd)
-        for a, ch in enumerate(ranges_of):
-            pads[a], pads[nd + a] = halo.scatter_pads(
-                eff[a], geo.strides[a], geo.pads_begin[a], n_src[a], *ranges[ch]
-            )
         kept = {k: v for k, v in attrs.items() if k not in drop}
-        return {**kept, "auto_pad": "NOTSET", "pads": pads}
+        return {**kept, "auto_pad": "NOTSET", "pads": pads(ranges)}
 
     return windows, tile_attrs
 

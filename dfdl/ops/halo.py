@@ -68,6 +68,48 @@ def scatter_window(eff: int, stride: int, pad: int, n_src: int) -> Window:
     return window
 
 
+def _extents(kernel, dilations) -> list[int]:
+    return [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+
+
+def gather_halo(sizes, kernel, strides, dilations, pads_begin, letters: str, read: int):
+    """Halo reads of a gather op's input ``read`` (spatial ``sizes``), tiled along
+    ``letters`` (one per spatial axis): ``(windows, pads)``, the TileSpec windows and
+    ``pads(ranges)``, the tile's explicit ONNX ``pads`` list."""
+    eff, nd = _extents(kernel, dilations), len(sizes)
+    windows = {(read, 2 + a): gather_window(eff[a], strides[a], pads_begin[a]) for a in range(nd)}
+
+    def pads(ranges) -> list[int]:
+        out = [0] * (2 * nd)
+        for a, ch in enumerate(letters):
+            out[a], out[nd + a] = gather_pads(
+                eff[a], strides[a], pads_begin[a], sizes[a], *ranges[ch]
+            )
+        return out
+
+    return windows, pads
+
+
+def scatter_halo(n_src, kernel, strides, dilations, pads_begin, letters: str, read: int):
+    """As :func:`gather_halo`, for a scatter op whose input ``read`` (spatial ``n_src``)
+    is added into outputs tiled along ``letters``."""
+    eff, nd = _extents(kernel, dilations), len(n_src)
+    windows = {
+        (read, 2 + a): scatter_window(eff[a], strides[a], pads_begin[a], n_src[a])
+        for a in range(nd)
+    }
+
+    def pads(ranges) -> list[int]:
+        out = [0] * (2 * nd)
+        for a, ch in enumerate(letters):
+            out[a], out[nd + a] = scatter_pads(
+                eff[a], strides[a], pads_begin[a], n_src[a], *ranges[ch]
+            )
+        return out
+
+    return windows, pads
+
+
 def scatter_pads(eff: int, stride: int, pad: int, n_src: int, lo: int, hi: int) -> tuple[int, int]:
     """(begin, end) pads of a scatter tile: with them, scattering the tile's source slab
     writes exactly the outputs ``[lo, hi)``."""

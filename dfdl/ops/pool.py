@@ -267,18 +267,13 @@ def window_pool_tile(ctx: TileContext) -> TileSpec:
         spec = letters(2) + "." * nd
         return TileSpec(inputs=(spec,), outputs=(spec,))
     sp = halo.spatial_letters(nd)
-    windows = {
-        (0, 2 + a): halo.gather_window(eff[a], g.strides[a], g.pads_begin[a]) for a in range(nd)
-    }
+    windows, pads = halo.gather_halo(
+        x.shape[2:], g.kernel, g.strides, g.dilations, g.pads_begin, sp, read=0
+    )
 
     def tile_attrs(attrs, ranges):
-        pads = [0] * (2 * nd)
-        for a, ch in enumerate(sp):
-            pads[a], pads[nd + a] = halo.gather_pads(
-                eff[a], g.strides[a], g.pads_begin[a], x.shape[2 + a], *ranges[ch]
-            )
         # the tile's windows all fit its slab + pads: floor mode gives its exact count
-        return {**attrs, "auto_pad": "NOTSET", "pads": pads, "ceil_mode": 0}
+        return {**attrs, "auto_pad": "NOTSET", "pads": pads(ranges), "ceil_mode": 0}
 
     spec = letters(2) + sp
     return TileSpec(
