@@ -137,7 +137,14 @@ def _reachable(graph: Graph, wrt: Iterable[str]) -> set[str]:
     return reach
 
 
-def gradients(graph: Graph, loss: str, wrt: Sequence[str], *, seed: str | None = None) -> dict:
+def gradients(
+    graph: Graph,
+    loss: str,
+    wrt: Sequence[str],
+    *,
+    seed: str | None = None,
+    record: dict[str, str] | None = None,
+) -> dict:
     """Append the backward pass of ``loss`` to ``graph``; gradient names by ``wrt`` name.
 
     Args:
@@ -146,6 +153,8 @@ def gradients(graph: Graph, loss: str, wrt: Sequence[str], *, seed: str | None =
             all ones, i.e. the gradient of the sum of its elements).
         wrt: values (graph inputs or initializers) to differentiate with respect to.
         seed: optional name of the value holding dloss (same shape as ``loss``).
+        record: if given, filled with ``{value: its whole gradient}`` for every node output
+            the backward pass reaches (recomputation waits on these).
 
     Returns:
         ``{name: gradient value name}`` for each of ``wrt`` (None where ``loss`` does not
@@ -182,6 +191,8 @@ def gradients(graph: Graph, loss: str, wrt: Sequence[str], *, seed: str | None =
         for o, d in zip(node.outputs, dys):
             if d is not None:
                 grads[o] = [d]
+                if record is not None:
+                    record[o] = d
         gin = op.vjp(b, node, dys)
         for name, g, need in zip(node.inputs, gin, needs):
             if g is not None and need:

@@ -22,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: Dask's default ``distributed.worker.memory.target``
@@ -55,8 +57,37 @@ class MemoryEstimate:
         ]
 
 
+def node_flops(node, types: Mapping) -> int:
+    """Forward FLOPs of one node from static shapes: two per multiply-add for Gemm,
+    MatMul, Conv and ConvTranspose, one per output element for any other op.
+
+    Example:
+        >>> sum(node_flops(n, plan.graph.types) for n in plan.graph.nodes)  # doctest: +SKIP
+    """
+
+    def shape(name: str) -> tuple[int, ...]:
+        return tuple(types[name].shape)
+
+    out = math.prod(shape(node.outputs[0])) if node.outputs and node.outputs[0] else 0
+    op = node.op_type if not node.domain else ""
+    if op == "Gemm":
+        a = shape(node.inputs[0])
+        return 2 * out * (a[0] if node.attrs.get("transA", 0) else a[1])
+    if op == "MatMul":
+        return 2 * out * shape(node.inputs[0])[-1]
+    if op == "Conv":
+        return 2 * out * math.prod(shape(node.inputs[1])[1:])
+    if op == "ConvTranspose":
+        return 2 * math.prod(shape(node.inputs[0])) * math.prod(shape(node.inputs[1])[1:])
+    return out
+
+
 def working_set(plan) -> int:
-    """Bytes that must coexist for one pass of the plan (see the module docstring)."""
+    """Bytes that must coexist for one pass of the plan (see the module docstring).
+
+    With recomputation (:mod:`dfdl.graph.recompute`) the checkpoints count, and of the
+    recomputed activations only the largest segment's: one segment is rebuilt at a time.
+    """
     g = plan.graph
     producer = {o: n for n in g.nodes for o in n.outputs if o}
     phases = {n.phase for n in g.nodes}
@@ -64,16 +95,20 @@ def working_set(plan) -> int:
         names = set(g.inputs) | set(producer) | set(g.initializers)
         return sum(g.types[n].nbytes for n in names if n in g.types)
     needed = set(g.inputs)  # carried tensors and the batch
+    rebuilt: dict[tuple, set[str]] = {}
     for node in g.nodes:
         for name in node.inputs:
             src = producer.get(name)
             if src is None:
                 continue
-            if node.phase == "bwd" and src.phase in ("fwd", "loss"):
-                needed.add(name)  # an activation kept for the backward pass
+            if node.phase in ("bwd", "recompute") and src.phase in ("fwd", "loss"):
+                needed.add(name)  # an activation (or checkpoint) kept for the backward pass
+            if node.phase == "bwd" and src.phase == "recompute":
+                rebuilt.setdefault(tuple(src.after), set()).add(name)
             if node.phase == "update" and src.phase == "bwd":
                 needed.add(name)  # a weight's gradient
-    return sum(g.types[n].nbytes for n in needed if n in g.types)
+    total = sum(g.types[n].nbytes for n in needed if n in g.types)
+    return total + max((sum(g.types[n].nbytes for n in s) for s in rebuilt.values()), default=0)
 
 
 def estimate_memory(

@@ -36,6 +36,9 @@ class Node:
     #: training phase the node belongs to ("fwd", "loss", "bwd", "update"): the task keys'
     #: second word, so the dashboard groups a node's forward and backward tasks apart
     phase: str = "fwd"
+    #: values that must exist before this node's tasks run, though it does not read them
+    #: (a recomputed activation waits for the gradient to reach its segment)
+    after: list[str] = field(default_factory=list)
 
     def present_outputs(self) -> list[str]:
         return [o for o in self.outputs if o]
@@ -100,7 +103,7 @@ class Graph:
         for n in reversed(self.nodes):
             if any(o in needed for o in n.outputs if o):
                 kept.append(n)
-                needed.update(i for i in n.inputs if i)
+                needed.update(i for i in [*n.inputs, *n.after] if i)
         self.nodes = kept[::-1]
         self.initializers = {k: v for k, v in self.initializers.items() if k in needed}
         self.types = {

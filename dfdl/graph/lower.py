@@ -6,6 +6,9 @@ run token, which keeps two runs on one cluster from sharing keys). Contracted ax
 partial tiles (``f"{node}-{phase}-partial"``) summed by a fixed-order tree with bounded fan-in
 (``f"{node}-{phase}-sum"``). Input regions that are not exactly one producer tile are
 sliced or assembled inside the consuming task, reading only the tiles they overlap.
+A node's ``after`` values become extra task arguments that the kernel ignores, through
+one tiny ``f"{value}-ready"`` task each, so the node runs only once they exist (see
+:mod:`dfdl.graph.recompute`).
 
 Example:
     >>> dsk, outputs = lower(plan, sources)  # doctest: +SKIP
@@ -25,7 +28,7 @@ from dask.task_spec import Task, TaskRef
 
 from dfdl.graph.tiling import REDUCE_FAN_IN, Chunks, NodePlan, Plan, present_outputs
 from dfdl.ops import lookup
-from dfdl.ops.tile_exec import combine, run_tile
+from dfdl.ops.tile_exec import combine, ready, run_tile
 
 Region = tuple[slice, ...]
 
@@ -122,8 +125,23 @@ class _Builder:
             pieces.append((len(args) - 1, pos, src, dst))
         return ("assemble", shape, t.dtype, pieces)
 
+    def waits(self, names: list[str]) -> list:
+        """Refs to one tiny task per value in ``names`` that finishes once the value's
+        first tile exists: a task given them waits for the values without receiving them."""
+        out = []
+        for name in names:
+            key = (task_name(f"{name}-ready", self.token), self.step)
+            if key not in self.dsk:
+                ref, _ = self.tiles[name].refs[min(self.tiles[name].refs)]
+                if not isinstance(ref, TaskRef):  # a source: it exists already
+                    continue
+                self.dsk[key] = Task(key, ready, ref)
+            out.append(TaskRef(key))
+        return out
+
     def add_node(self, np_: NodePlan) -> None:
         node, spec = np_.node, np_.spec
+        waits = self.waits(node.after)
         graph = self.plan.graph
         op = lookup(node.op_type, node.domain)
         fn = op.kernel("cpu")
@@ -192,7 +210,7 @@ class _Builder:
                     key = (name, self.step, *tile_idx)
                 else:
                     key = (task_name(f"{base}-partial", self.token), self.step, *tile_idx, ci)
-                self.dsk[key] = Task(key, run_tile, meta, *args)
+                self.dsk[key] = Task(key, run_tile, meta, *args, *waits)
                 partial_keys.append(key)
             final = (name, self.step, *g)
             if len(partial_keys) > 1:

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,9 @@ class TrainingGraph:
         frozen: floating-point initializers kept constant.
         output: the model's (first) output, e.g. the logits.
         step_inputs: the optimizer's per-step scalar inputs by its key ("first"...).
+        grad_of: value -> its gradient, for every value the backward pass reaches.
+        recomputed: clone node -> forward node it rebuilds in the backward pass
+            (:meth:`recompute`).
     """
 
     graph: Graph
@@ -69,6 +73,37 @@ class TrainingGraph:
     frozen: list[str] = field(default_factory=list)
     output: str = ""
     step_inputs: dict[str, str] = field(default_factory=dict)
+    grad_of: dict[str, str] = field(default_factory=dict)
+    recomputed: dict[str, str] = field(default_factory=dict)
+
+    def segments(self, size: int | None = None):
+        """The forward segments recomputation could rebuild
+        (:func:`dfdl.graph.recompute.segments`)."""
+        from dfdl.graph.recompute import segments
+
+        return segments(self.graph, self.grad_of, size)
+
+    def recompute(self, chosen) -> TrainingGraph:
+        """A copy whose backward pass rebuilds the ``chosen`` segments' activations
+        instead of keeping them (:func:`dfdl.graph.recompute.recompute`).
+
+        Example:
+            >>> tg2 = tg.recompute(tg.segments())  # doctest: +SKIP
+        """
+        from dfdl.graph.recompute import recompute
+
+        graph = self.graph.copy()
+        clones = recompute(graph, chosen)
+        return dataclasses.replace(self, graph=graph, recomputed={**self.recomputed, **clones})
+
+    def seeds(self, seed: int, step: int) -> dict[str, dict[str, int]]:
+        """Per-node attribute overrides of one step: every Dropout's seed (a clone
+        rebuilding a Dropout draws the original's mask)."""
+        out = {n: {"seed": node_seed(seed, n, step)} for n in self.dropout}
+        for clone, node in self.recomputed.items():
+            if node in out:
+                out[clone] = out[node]
+        return out
 
     def carried(self) -> list[str]:
         """Inputs whose values carry over from step to step."""
@@ -206,7 +241,8 @@ def build_training_graph(
             b, loss, [graph.outputs[0]], label_name, **dict(loss_options or {})
         )
     params_all = [k for k in candidates if k in bound.types and _used(bound, k)]
-    grads = gradients(bound, loss_name, params_all)
+    grad_of: dict[str, str] = {}
+    grads = gradients(bound, loss_name, params_all, record=grad_of)
     params = [p for p in params_all if grads[p] is not None]
     kept_const = [p for p in candidates if p not in params]
     if not params:
@@ -258,6 +294,7 @@ def build_training_graph(
         dropout=dropout,
         frozen=frozen + kept_const,
         output=graph.outputs[0],
+        grad_of=grad_of,
     )
 
 

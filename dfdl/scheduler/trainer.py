@@ -24,7 +24,7 @@ from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
-from dfdl.graph.training import TrainingGraph, node_seed
+from dfdl.graph.training import TrainingGraph
 from dfdl.scheduler.cluster import byte_batches, transfer_budget
 
 #: batch tiles above this size are scattered rather than embedded in the graph
@@ -184,8 +184,7 @@ def run_steps(
             )
         for name in _read_constants(plan):
             sources[name] = constants.tiles(name, plan.graph.initializers[name], plan.chunks[name])
-        overrides = {n: {"seed": node_seed(seed, n, s.step)} for n in tg.dropout}
-        tasks, outs = lower(plan, sources, step=s.step, attrs=overrides, token=token)
+        tasks, outs = lower(plan, sources, step=s.step, attrs=tg.seeds(seed, s.step), token=token)
         dsk.update(tasks)
         for name in tg.carried():
             new = tg.new[name]
