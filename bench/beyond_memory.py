@@ -1,15 +1,21 @@
-"""Beyond memory: train an MLP whose working set is many times the workers' memory.
+"""Beyond memory: train a model whose working set is many times the workers' memory.
 
-The MLP (``--in``-W-...-W-10, ``--depth`` hidden layers, SGD with momentum) is sized so
-that its training working set (weights, momentum, gradients, the batch and the
-activations kept for the backward pass, as :func:`dfdl.graph.estimate.working_set`
-counts them) is at least ``--factor`` times the sum of the workers' memory limits. It
-is trained for ``--steps`` steps
+``--model unet3d`` (default): a 3-D U-Net (``--base`` channels, 3 levels, Adam) whose
+cubic volume is sized; ``--model mlp``: an MLP (``--in``-W-...-W-10, ``--depth`` hidden
+layers, SGD with momentum) whose width is sized. Either is sized so that its training
+working set (weights, optimizer state, gradients, the batch and the activations kept for
+the backward pass, as :func:`dfdl.graph.estimate.working_set` counts them) is at least
+``--factor`` times the sum of the workers' memory limits. It is trained for ``--steps``
+steps
 
-* **capped**: ``--workers`` worker processes (one thread each) with ``--memory-limit``
-  each, spilling to a fresh local directory, planned for that limit;
+* **capped, spill**: ``--workers`` worker processes (one thread each) with
+  ``--memory-limit`` each, spilling to a fresh local directory, planned for that limit,
+  ``memory="spill"``;
+* **capped, recompute**: the same, ``memory="recompute"`` (activations rebuilt from
+  checkpoints in the backward pass);
+* **capped, auto**: the same, ``memory="auto"`` (what it recomputes is reported);
 * **uncapped**: the same plan (same tiles) on workers with limits large enough that
-  nothing spills.
+  nothing spills, ``memory="spill"``.
 
 Dask's memory manager is configured as in dfdl's spill test: tiles (the bytes Dask
 manages) are kept under ``target = 0.6`` of the limit and the rest spilled; Dask's
@@ -18,7 +24,7 @@ at limits of a few hundred MiB the worker process's own footprint (interpreter, 
 numba, dfdl: about 200 MB, measured and reported) would already exceed them
 (``--process-thresholds`` keeps them, for limits well above that footprint). Each
 worker's resident memory is sampled every 20 ms; the report gives its peak, its idle
-footprint before training (after one step of a tiny MLP has loaded the kernels and
+footprint before training (after one step of a tiny model has loaded the kernels and
 freed memory has been returned to the system), and the peak above that footprint,
 which is what the plan's estimate (:func:`dfdl.graph.estimate.estimate_memory`, "tile
 memory per worker") predicts.
@@ -27,20 +33,20 @@ Also reported: samples/s of each run (steps x batch / training seconds, setup
 excluded), throughput retention (capped / uncapped), bytes spilled per step from the
 workers' spill metrics (``result.history``), the local disk's bandwidth measured in the
 same run (1 GiB written with fsync, then read back), whether a worker process was
-restarted (its pid changed) and whether the capped run's losses equal the uncapped
-run's bit for bit, and PyTorch training the same MLP in a subprocess whose address
+restarted (its pid changed) and whether each capped run's losses equal the uncapped
+run's bit for bit, and PyTorch training the same model in a subprocess whose address
 space (``RLIMIT_AS``) is capped at the workers' limits together: the stage it reached
 and its error.
 
-``memory="recompute"`` (checkpointing) is not implemented yet; the report says so.
-
 Usage:
-    python bench/beyond_memory.py [--workers 2] [--memory-limit 256MiB] [--factor 8]
-        [--steps 3] [--batch 64] [--process-thresholds] [--json out.json]
+    python bench/beyond_memory.py [--model unet3d|mlp] [--workers 2]
+        [--memory-limit 256MiB] [--factor 8] [--steps 3] [--batch N]
+        [--modes spill,recompute,auto] [--process-thresholds] [--json out.json]
 """
 
 from __future__ import annotations
 
+import abc
 import argparse
 import gc
 import json
@@ -74,32 +80,88 @@ MANAGED_ONLY = {
 UNCAPPED_LIMIT = 64 * 2**30
 
 
-def _optimizer():
-    return dfdl.optim.SGD(lr=1e-3, momentum=0.9)
+class Workload(abc.ABC):
+    """A zoo model sized by one number (the MLP's width, the U-Net's volume)."""
+
+    name = ""
+    step = 1  # sizes tried go up by this much
+
+    @abc.abstractmethod
+    def kwargs(self, size: int) -> dict:
+        """The zoo builder's arguments at ``size``."""
+
+    def model(self, size: int):
+        return dfdl.models.ZOO[self.name](**self.kwargs(size))
+
+    def optimizer(self):
+        return dfdl.optim.SGD(lr=1e-3, momentum=0.9)
+
+    @abc.abstractmethod
+    def data(self, size: int, n: int):
+        """``n`` samples and labels."""
+
+    @abc.abstractmethod
+    def first_size(self, goal: int) -> int:
+        """The size sizing starts from."""
+
+    def training_graph(self, size: int, batch: int):
+        x, y = self.data(size, batch)
+        return build_training_graph(
+            to_ir(self.model(size)),
+            {"x": TensorType(x.shape, x.dtype)},
+            loss="cross_entropy",
+            optimizer=self.optimizer(),
+            labels=TensorType(y.shape, y.dtype),
+        )
+
+    def sized(self, goal: int, batch: int) -> int:
+        """The smallest size whose training working set reaches ``goal`` bytes."""
+        size = self.first_size(goal)
+        while working_set(self.training_graph(size, batch).plan({"batch": 1})) < goal:
+            size += self.step
+        return size
 
 
-def _sizes(n_in: int, width: int, depth: int) -> tuple[int, ...]:
-    return (n_in, *([width] * depth), 10)
+class Mlp(Workload):
+    name = "mlp"
+    step = 256
+
+    def __init__(self, n_in: int, depth: int):
+        self.n_in, self.depth = n_in, depth
+
+    def kwargs(self, size: int) -> dict:
+        return {"sizes": (self.n_in, *([size] * self.depth), 10)}
+
+    def data(self, size: int, n: int):
+        rng = np.random.default_rng(0)
+        return rng.standard_normal((n, self.n_in), dtype=np.float32), rng.integers(0, 10, n)
+
+    def first_size(self, goal: int) -> int:
+        # 12 bytes per weight (value, momentum, gradient): start from that, then check
+        return max(256, int((goal / 12 / self.depth) ** 0.5) // 256 * 256)
 
 
-def _training_plan(sizes, batch: int, memory_limit: int | None, tiles=None):
-    tg = build_training_graph(
-        to_ir(dfdl.models.mlp(sizes)),
-        {"x": TensorType((batch, sizes[0]), np.dtype("float32"))},
-        loss="cross_entropy",
-        optimizer=_optimizer(),
-        labels=TensorType((batch,), np.dtype("int64")),
-    )
-    return tg.plan(tiles, cores=1, memory_limit=memory_limit)
+class Unet(Workload):
+    name = "unet3d"
+    levels = 3
+    step = 2 ** (levels - 1)
 
+    def __init__(self, base: int):
+        self.base = base
 
-def size_mlp(goal: int, n_in: int, depth: int, batch: int) -> int:
-    """Smallest width (a multiple of 256) whose working set reaches ``goal`` bytes."""
-    # 12 bytes per weight (value, momentum, gradient): start from that, then check
-    width = max(256, int((goal / 12 / depth) ** 0.5) // 256 * 256)
-    while working_set(_training_plan(_sizes(n_in, width, depth), batch, None)) < goal:
-        width += 256
-    return width
+    def kwargs(self, size: int) -> dict:
+        return {"base": self.base, "levels": self.levels, "volume": size}
+
+    def optimizer(self):
+        return dfdl.optim.Adam(lr=1e-3)
+
+    def data(self, size: int, n: int):
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((n, 1, size, size, size), dtype=np.float32)
+        return x, rng.integers(0, 2, (n, size, size, size))
+
+    def first_size(self, goal: int) -> int:
+        return 4 * self.step
 
 
 class RssSampler:
@@ -142,55 +204,60 @@ def _trim() -> None:
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _warm_up(client) -> None:
-    """One step of a tiny MLP loads every kernel the big one runs; then freed memory goes
-    back to the system, and what stays is the worker's own footprint."""
-    rng = np.random.default_rng(1)
-    data = (rng.standard_normal((8, 16), dtype=np.float32), rng.integers(0, 10, 8))
+def _warm_up(client, work: Workload) -> None:
+    """One step of a tiny model of the same kind loads every kernel the big one runs;
+    then freed memory goes back to the system, and what stays is the worker's own
+    footprint."""
+    tiny = work.first_size(0) if work.name == "unet3d" else 32
     dfdl.train(
-        dfdl.models.mlp((16, 32, 32, 10)),
-        data=data,
+        work.model(tiny),
+        data=work.data(tiny, 2),
         loss="cross_entropy",
-        optimizer=_optimizer(),
-        batch_size=8,
+        optimizer=work.optimizer(),
+        batch_size=2,
         steps=1,
         client=client,
         progress=False,
+        memory="recompute",
     )
     client.run(_trim)
 
 
-def train_once(sizes, data, batch, steps, workers, limit, tiles, spill_dir, config) -> dict:
+def train_once(work, size, data, batch, steps, workers, limit, tiles, spill_dir, config, memory):
     """One training run on a fresh cluster; figures about it."""
     with (
         dask.config.set(config),
         dfdl.LocalCluster(workers, memory_limit=limit, local_directory=spill_dir) as cluster,
         Client(cluster) as client,
     ):
-        _warm_up(client)
+        _warm_up(client, work)
         before = _pids(client)
         idle = {w: psutil.Process(p).memory_info().rss for w, p in before.items()}
         with RssSampler(before) as rss:
             result = dfdl.train(
-                dfdl.models.mlp(sizes),
+                work.model(size),
                 data=data,
                 loss="cross_entropy",
-                optimizer=_optimizer(),
+                optimizer=work.optimizer(),
                 batch_size=batch,
                 steps=steps,
                 shuffle=False,
                 client=client,
                 tiles=tiles,
                 progress=False,
+                memory=memory,
             )
         after = _pids(client)
     t = result.timings
     seconds = t["total_s"] - t.get("setup_s", 0.0)
     history = result.history
+    recomputed = result.recomputed
     del result  # the trained model and parameters: as large as the weights
     gc.collect()
     return {
         "history": history,
+        "memory": memory,
+        "recomputed": recomputed,
         "seconds": seconds,
         "samples_per_s": steps * batch / seconds,
         "peak_rss": rss.peak,
@@ -225,20 +292,23 @@ def disk_bandwidth(folder: str, nbytes: int = 2**30) -> dict:
 
 TORCH_CHILD = r"""
 import json, resource, sys
-cap, sizes, batch = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+cap, name, kwargs, batch = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 stage = "import torch"
 try:
     import torch
     stage = "build the model"
-    layers = []
-    for a, b in zip(sizes, sizes[1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    net = torch.nn.Sequential(*layers[:-1])
+    from dfdl.models.torch_twins import twin
+    net = twin(name, **kwargs).train()
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
     stage = "train one step"
-    x = torch.randn(batch, sizes[0])
-    y = torch.randint(0, sizes[-1], (batch,))
+    if name == "mlp":
+        x = torch.randn(batch, kwargs["sizes"][0])
+        y = torch.randint(0, kwargs["sizes"][-1], (batch,))
+    else:
+        v = kwargs["volume"]
+        x = torch.randn(batch, 1, v, v, v)
+        y = torch.randint(0, 2, (batch, v, v, v))
     torch.nn.functional.cross_entropy(net(x), y).backward()
     opt.step()
     print(json.dumps({"outcome": "success", "stage": stage}))
@@ -248,14 +318,15 @@ except BaseException as e:
 """
 
 
-def torch_under_cap(cap: int, sizes, batch: int) -> dict:
-    """PyTorch training the same MLP with its address space capped at ``cap`` bytes."""
+def torch_under_cap(cap: int, work: Workload, size: int, batch: int) -> dict:
+    """PyTorch training the same model with its address space capped at ``cap`` bytes."""
     try:
         import torch  # noqa: F401
     except ImportError:
         return {"outcome": "not run", "error": "PyTorch is not installed (pip install dfdl[torch])"}
+    kwargs = json.dumps(work.kwargs(size))
     proc = subprocess.run(
-        [sys.executable, "-c", TORCH_CHILD, str(cap), json.dumps(list(sizes)), str(batch)],
+        [sys.executable, "-c", TORCH_CHILD, str(cap), work.name, kwargs, str(batch)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -270,15 +341,25 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
+MODES = ("spill", "recompute", "auto")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=("unet3d", "mlp"), default="unet3d")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--memory-limit", default="256MiB", help="per worker (capped run)")
+    ap.add_argument("--memory-limit", default="256MiB", help="per worker (capped runs)")
     ap.add_argument("--factor", type=float, default=8.0, help="working set / limits together")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--in", dest="n_in", type=int, default=1024)
-    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=None, help="default: 2 (unet3d), 64 (mlp)")
+    ap.add_argument("--base", type=int, default=8, help="unet3d: channels of the first level")
+    ap.add_argument("--in", dest="n_in", type=int, default=1024, help="mlp: input features")
+    ap.add_argument("--depth", type=int, default=4, help="mlp: hidden layers")
+    ap.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="capped runs' memory= modes, comma-separated (default: spill,recompute,auto)",
+    )
     ap.add_argument(
         "--process-thresholds",
         action="store_true",
@@ -286,24 +367,31 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--modes: choose from {', '.join(MODES)}")
 
+    work: Workload = Unet(args.base) if args.model == "unet3d" else Mlp(args.n_in, args.depth)
+    batch = args.batch or (2 if args.model == "unet3d" else 64)
     limit = parse_memory(args.memory_limit, "--memory-limit")
     cap = args.workers * limit
-    width = size_mlp(int(args.factor * cap), args.n_in, args.depth, args.batch)
-    sizes = _sizes(args.n_in, width, args.depth)
-    plan = _training_plan(sizes, args.batch, limit)
+    size = work.sized(int(args.factor * cap), batch)
+    tg = work.training_graph(size, batch)
+    plan = tg.plan(None, cores=1, memory_limit=limit)
     est = estimate_memory(plan, args.workers)
+    rc_plan = tg.recompute(tg.segments()).plan(plan.tiles, memory_limit=limit)
+    rc_est = estimate_memory(rc_plan, args.workers)
     ws = est.working_set
-    print(f"MLP {'-'.join(map(str, sizes))}, batch {args.batch}, {args.steps} steps")
+    print(f"{work.name} {work.kwargs(size)}, batch {batch}, {args.steps} steps")
     print(f"plan for {_mib(limit)} per worker: tiles={plan.tiles}, {plan.n_tasks()} tasks/step")
     for line in est.lines():
-        print("  " + line)
+        print("  spill:     " + line)
+    for line in rc_est.lines():
+        print("  recompute: " + line)
 
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((args.batch * args.steps, args.n_in), dtype=np.float32)
-    y = rng.integers(0, 10, args.batch * args.steps)
+    X, y = work.data(size, batch * args.steps)
     report: dict = {
-        "model": {"sizes": sizes, "batch": args.batch, "steps": args.steps},
+        "model": {"name": work.name, **work.kwargs(size), "batch": batch, "steps": args.steps},
         "workers": args.workers,
         "memory_limit": limit,
         "dask_process_thresholds": args.process_thresholds,
@@ -311,57 +399,78 @@ def main(argv=None) -> int:
         "working_set_over_cap": ws / cap,
         "tiles": plan.tiles,
         "estimate": {
-            "peak_per_worker": est.peak_per_worker,
-            "spilled_per_step": est.spilled_per_step,
+            "spill": {
+                "working_set": est.working_set,
+                "peak_per_worker": est.peak_per_worker,
+                "spilled_per_step": est.spilled_per_step,
+            },
+            "recompute": {
+                "working_set": rc_est.working_set,
+                "peak_per_worker": rc_est.peak_per_worker,
+                "spilled_per_step": rc_est.spilled_per_step,
+            },
         },
     }
+    runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dfdl-spill-") as spill:
         report["disk"] = disk_bandwidth(spill)
         config = {} if args.process_thresholds else MANAGED_ONLY
-        common = ((X, y), args.batch, args.steps, args.workers)
-        capped = train_once(sizes, *common, limit, plan.tiles, spill, config)
-        uncapped = train_once(sizes, *common, UNCAPPED_LIMIT, plan.tiles, spill, config)
-    report["torch_under_cap"] = torch_under_cap(cap, sizes, args.batch)
-    same = capped["history"]["loss"] == uncapped["history"]["loss"]
-    for name, run in (("capped_spill", capped), ("uncapped", uncapped)):
-        report[name] = dict(run)
-    report["losses_bit_identical"] = same
-    report["retention"] = capped["samples_per_s"] / uncapped["samples_per_s"]
-    report["recompute"] = "not implemented (memory='recompute' is future work)"
-    peaks = capped["peak_above_idle"]
-    report["estimate_error"] = {w: (est.peak_per_worker - p) / p for w, p in peaks.items() if p > 0}
+        common = (work, size, (X, y), batch, args.steps, args.workers)
+        for mode in modes:
+            runs[f"capped_{mode}"] = train_once(*common, limit, plan.tiles, spill, config, mode)
+        runs["uncapped"] = train_once(*common, UNCAPPED_LIMIT, plan.tiles, spill, config, "spill")
+    report["torch_under_cap"] = torch_under_cap(cap, work, size, batch)
+    uncapped = runs["uncapped"]
+    for name, run in runs.items():
+        run["losses_bit_identical"] = run["history"]["loss"] == uncapped["history"]["loss"]
+        run["retention"] = run["samples_per_s"] / uncapped["samples_per_s"]
+        predicted = rc_est if run["memory"] == "recompute" else est
+        run["estimate_error"] = {
+            w: (predicted.peak_per_worker - p) / p
+            for w, p in run["peak_above_idle"].items()
+            if p > 0
+        }
+        report[name] = run
 
     print(f"\nworking set {_mib(ws)} = {ws / cap:.1f}x the limits together ({_mib(cap)})")
     print(
         f"disk: write {report['disk']['write_MBps']:.0f} MB/s (fsync), "
         f"read {report['disk']['read_MBps']:.0f} MB/s"
     )
-    print(f"{'run':14s} {'samples/s':>10s} {'spilled/step':>13s} {'read/step':>11s}  restarted")
-    for name, run in (("capped spill", capped), ("uncapped", uncapped)):
+    print(
+        f"{'run':18s} {'samples/s':>10s} {'retention':>9s} {'spilled/step':>13s} "
+        f"{'read/step':>11s} {'bit-equal':>9s} {'recomputed':>10s}  restarted"
+    )
+    for name, run in runs.items():
         print(
-            f"{name:14s} {run['samples_per_s']:10.1f} {_mib(run['spilled_per_step']):>13s} "
-            f"{_mib(run['unspilled_per_step']):>11s}  {run['restarted'] or 'none'}"
+            f"{name:18s} {run['samples_per_s']:10.2f} {run['retention']:9.1%} "
+            f"{_mib(run['spilled_per_step']):>13s} {_mib(run['unspilled_per_step']):>11s} "
+            f"{str(run['losses_bit_identical']):>9s} {len(run['recomputed']):>10d}  "
+            f"{run['restarted'] or 'none'}"
         )
-    print(f"throughput retention (capped / uncapped): {report['retention']:.1%}")
-    print(f"losses bit for bit equal: {same}")
+    print(
+        f"predicted spilled/step: spill {_mib(est.spilled_per_step)}, "
+        f"recompute {_mib(rc_est.spilled_per_step)}"
+    )
+    for name, run in runs.items():
+        if name == "uncapped":
+            continue
+        predicted = rc_est if run["memory"] == "recompute" else est
+        for w in sorted(run["peak_rss"]):
+            print(
+                f"{name} worker {w}: peak RSS {_mib(run['peak_rss'][w])} (idle "
+                f"{_mib(run['idle_rss'][w])}, above idle {_mib(run['peak_above_idle'][w])}; "
+                f"predicted {_mib(predicted.peak_per_worker)}, limit {_mib(limit)})"
+            )
     print(
         f"client process peak RSS: {_mib(uncapped['client_peak_rss'])} "
         "(the weights are built, sent and gathered there)"
     )
-    print(f"predicted spilled/step {_mib(est.spilled_per_step)}")
-    for w in sorted(peaks):
-        idle = capped["idle_rss"][w]
-        print(
-            f"worker {w}: peak RSS {_mib(capped['peak_rss'][w])} (idle {_mib(idle)},"
-            f" above idle {_mib(peaks[w])}; predicted {_mib(est.peak_per_worker)}, "
-            f"limit {_mib(limit)})"
-        )
     t = report["torch_under_cap"]
     print(
         f"PyTorch under RLIMIT_AS={_mib(cap)}: {t['outcome']} at '{t.get('stage')}'"
         + (f" ({t['error']})" if t.get("error") else "")
     )
-    print("memory='recompute': not implemented")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)

@@ -228,6 +228,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             checkpoint_dir=args.checkpoint_dir,
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
+            memory=args.memory,
         )
         elapsed = time.perf_counter() - start
     result.save(args.output)
@@ -279,6 +280,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         0
     """
     import dfdl
+    from dfdl.errors import ConfigError
     from dfdl.graph.bind import bind
     from dfdl.graph.tiling import make_plan
     from dfdl.graph.training import build_training_graph
@@ -298,6 +300,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         print(f"training step: forward, loss {args.loss!r}, backward, {args.optimizer} update")
         plan = tg.plan(args.tiles, cores=cores, memory_limit=memory)
+        if args.recompute:
+            segs = tg.segments()
+            tg = tg.recompute(segs)
+            plan = tg.plan(plan.tiles, memory_limit=memory)
+            rebuilt = len(tg.recomputed)
+            print(f"recompute: {len(segs)} segment(s), {rebuilt} forward node(s) run again")
+    elif args.recompute:
+        raise ConfigError("--recompute needs --training")
     else:  # as dfdl.plan does
         plan = make_plan(bind(graph, types), args.tiles, cores=cores, memory_limit=memory)
     # --workers N: N one-thread processes; else the embedded cluster's one process
@@ -545,6 +555,15 @@ def build_parser() -> Parser:
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--tiles", type=parse_tiles, metavar="SPEC", help=_TILES_HELP)
+    p.add_argument(
+        "--memory",
+        choices=("spill", "recompute", "auto"),
+        default="auto",
+        help="keep the activations the backward pass reads (spilling them to disk beyond "
+        "the workers' memory), recompute them from checkpoints, or choose per segment "
+        "(default auto: recompute only what the plan would spill and is faster to "
+        "recompute)",
+    )
     p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="trained model")
     p.set_defaults(func=cmd_train)
 
@@ -575,6 +594,12 @@ def build_parser() -> Parser:
     p.add_argument("--training", action="store_true", help="plan the training step")
     p.add_argument(
         "--loss", default="cross_entropy", help="loss of the training step (with --training)"
+    )
+    p.add_argument(
+        "--recompute",
+        action="store_true",
+        help="with --training: recompute activations in the backward pass (as dfdl train "
+        "--memory recompute) and estimate memory for that",
     )
     p.add_argument(
         "--optimizer", choices=OPTIMIZERS, default="sgd", help="optimizer (with --training)"

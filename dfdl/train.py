@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask
 import numpy as np
 import onnx
 from dask.utils import format_bytes
@@ -18,8 +19,10 @@ from dfdl.data.order import batch_plan, steps_per_epoch
 from dfdl.data.sources import ArraySource, as_source
 from dfdl.errors import ConfigError, DataError
 from dfdl.graph.bind import bind
+from dfdl.graph.estimate import DASK_TARGET, estimate_memory
 from dfdl.graph.lower import new_token
 from dfdl.graph.onnx_io import ModelLike, from_ir, load_model, to_ir
+from dfdl.graph.recompute import MODES, choose
 from dfdl.graph.tiling import make_plan
 from dfdl.graph.training import TrainingGraph, build_training_graph
 from dfdl.ops.registry import TensorType
@@ -31,6 +34,7 @@ from dfdl.scheduler.cluster import (
     total_threads,
     worker_memory_limit,
 )
+from dfdl.scheduler.probe import cluster_speeds
 from dfdl.scheduler.trainer import (
     ClusterState,
     Constants,
@@ -66,6 +70,8 @@ class TrainResult:
         tiles: the tiling the steps ran with (``{"batch": b, "model": m}``, or
             "uneven"): the automatic choice, split further where the workers' memory
             limit required it. Pass it as ``tiles=`` to repeat the same plan.
+        recomputed: the forward nodes whose outputs the backward pass rebuilt instead
+            of keeping (``memory="recompute"``, or what ``"auto"`` chose).
     """
 
     history: dict[str, list] = field(default_factory=dict)
@@ -73,6 +79,7 @@ class TrainResult:
     params: dict[str, np.ndarray] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     tiles: dict[str, int] | str | None = None
+    recomputed: list[str] = field(default_factory=list)
 
     def save(self, path) -> None:
         """Write the trained model as an ONNX file (onnxruntime runs it)."""
@@ -130,6 +137,7 @@ def train(
     drop_last: bool = False,
     unroll: int | None = None,
     loss_options: Mapping[str, Any] | None = None,
+    memory: str = "auto",
 ) -> TrainResult:
     """Train ``model`` on ``data`` on a Dask cluster.
 
@@ -157,6 +165,13 @@ def train(
         drop_last: drop the last partial batch of each epoch.
         unroll: steps per graph submission (default 4).
         loss_options: ``weight`` (class weights) and ``ignore_index`` for cross_entropy.
+        memory: how the activations the backward pass reads are kept: ``"spill"`` (in
+            the workers' memory, spilled to their disks beyond the limit),
+            ``"recompute"`` (forward segments of about √n nodes rebuilt in the backward
+            pass from checkpoints, see :mod:`dfdl.graph.recompute`), or ``"auto"``: spill
+            unless the plan's estimate spills, then recompute the segments that are
+            faster to recompute than to spill (rates measured on the workers). The
+            numbers are the same bit for bit whichever is chosen.
 
     Returns:
         :class:`TrainResult`.
@@ -180,6 +195,8 @@ def train(
         raise ConfigError(f"steps must be a positive integer, not {steps!r}")
     if checkpoint_every is not None and checkpoint_dir is None:
         raise ConfigError("checkpoint_every needs checkpoint_dir")
+    if memory not in MODES:
+        raise ConfigError(f"memory must be one of {', '.join(map(repr, MODES))}, not {memory!r}")
     proto = load_model(model)
     graph = to_ir(proto)
     X, y = _split_data(data, "data")
@@ -195,9 +212,9 @@ def train(
         raise DataError(f"loss {loss!r} needs labels: pass data=(X, y)")
     cache: dict[int, StepPlan] = {}
     cores = total_threads(client) if client is not None else default_workers()
-    memory = worker_memory_limit(client) if client is not None else embedded_memory_limit()
+    limit = worker_memory_limit(client) if client is not None else embedded_memory_limit()
 
-    def plans(b: int) -> StepPlan:
+    def spilling_plan(b: int) -> StepPlan:
         if b not in cache:
             types = {graph.inputs[0]: TensorType((b, *X.shape[1:]), X.dtype)}
             labels = None if y is None else TensorType((b, *y.shape[1:]), y.dtype)
@@ -211,10 +228,10 @@ def train(
                 seed=seed,
                 loss_options=options,
             )
-            cache[b] = StepPlan(tg, tg.plan(tiles, cores=cores, memory_limit=memory))
+            cache[b] = StepPlan(tg, tg.plan(tiles, cores=cores, memory_limit=limit))
         return cache[b]
 
-    first = plans(min(batch_size, n))  # model/data mismatches raise here, before any task
+    first = spilling_plan(min(batch_size, n))  # model/data mismatches raise here, before any task
     if y is not None and not model_loss:
         _check_labels(y, first.tg, loss, options)
     tg = first.tg
@@ -255,6 +272,14 @@ def train(
     unroll = unroll or DEFAULT_UNROLL
     bar = _progress(progress, total, start)
     with connect(client) as c:
+        chosen: dict[int, StepPlan] = {}
+
+        def plans(b: int) -> StepPlan:
+            if b not in chosen:
+                chosen[b] = _memory_mode(spilling_plan(b), memory, c)
+            return chosen[b]
+
+        first = plans(min(batch_size, n))
         carried = tg.carried()
         state = ClusterState.scatter(c, {k: values[k] for k in carried}, first.plan.chunks)
         token = new_token()
@@ -316,7 +341,7 @@ def train(
                         batch_size,
                         tiles,
                         cores,
-                        memory,
+                        limit,
                     )
                     for k, v in metrics.items():
                         history.setdefault(f"val_{k}", []).append(v)
@@ -333,7 +358,39 @@ def train(
     history["unspilled_bytes"] = [read for _, read in spilled]
     params = {k: final[k] for k in tg.params + tg.buffers}
     timings["total_s"] = time.perf_counter() - t_start
-    return TrainResult(history, _trained_model(proto, params), params, timings, first.plan.tiles)
+    return TrainResult(
+        history,
+        _trained_model(proto, params),
+        params,
+        timings,
+        first.plan.tiles,
+        sorted(set(first.tg.recomputed.values())),
+    )
+
+
+def _memory_mode(sp: StepPlan, memory: str, client) -> StepPlan:
+    """The step plan with the segments ``memory`` recomputes (see :func:`train`)."""
+    if memory == "spill":
+        return sp
+    segs = sp.tg.segments()
+    if memory == "auto":
+        nthreads = client.nthreads()
+        target = dask.config.get("distributed.worker.memory.target", None)
+        est = estimate_memory(
+            sp.plan,
+            workers=len(nthreads),
+            threads_per_worker=max(nthreads.values()),
+            target=target if isinstance(target, float) else DASK_TARGET,
+        )
+        if est.spilled_per_step <= 0:
+            return sp
+        speeds = cluster_speeds(client)
+        segs = choose(segs, est.spilled_per_step, speeds.flops_per_s, speeds.disk_bytes_per_s)
+    if not segs:
+        return sp
+    tg = sp.tg.recompute(segs)
+    # the same tiling: a clone computes the bits of the node it rebuilds
+    return StepPlan(tg, tg.plan(sp.plan.tiles, memory_limit=sp.plan.memory_limit))
 
 
 def _initial(graph, name: str) -> np.ndarray:

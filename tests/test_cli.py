@@ -181,6 +181,26 @@ def test_plan_under_a_memory_limit_names_it(work):
     assert "worker memory limit 64.0 MiB" in r.stdout
 
 
+def test_plan_with_recompute_estimates_less_memory(work):
+    onnx.save(dfdl.models.mlp((8, *[64] * 8, 3)), str(work / "deep.onnx"))
+    common = ("plan", "deep.onnx", "--batch-size", "64", "--training", "--workers", "2")
+    plain = dfdl_cli(*common, cwd=work)
+    rc = dfdl_cli(*common, "--recompute", cwd=work)
+    assert plain.returncode == 0 and rc.returncode == 0, (plain.stderr, rc.stderr)
+    assert "recompute: 3 segment(s), 11 forward node(s) run again" in rc.stdout
+
+    def working_set_kib(out: str) -> float:
+        (line,) = [x for x in out.splitlines() if x.startswith("working set: ")]
+        number, unit = line.split()[2:4]
+        assert unit == "KiB", line
+        return float(number)
+
+    # activations are 64 x 64 float32 (16 KiB): some are no longer kept through the step
+    saved = working_set_kib(plain.stdout) - working_set_kib(rc.stdout)
+    assert saved > 0 and saved % 16 == 0
+    assert "layers.0.recompute" in rc.stdout and "layers.0.recompute" not in plain.stdout
+
+
 def test_export_training_graph(work):
     r = dfdl_cli(
         "export-training-graph", "mlp.onnx", "-o", "train.onnx", "--batch-size", "4",
@@ -217,6 +237,8 @@ ERRORS = {
     "output folder missing": ("train", "mlp.onnx", "--data", "data.npz", "-o", "no/o.onnx"),
     "unknown loss": ("export-training-graph", "mlp.onnx", "-o", "t.onnx", "--loss", "hinge"),
     "bad memory limit": ("plan", "mlp.onnx", "--batch-size", "4", "--memory-limit", "lots"),
+    "recompute without training": ("plan", "mlp.onnx", "--batch-size", "4", "--recompute"),
+    "bad memory mode": ("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--memory", "x"),
     "memory limit too small": (
         "plan",
         "mlp.onnx",

@@ -193,3 +193,32 @@ def recompute(graph: Graph, chosen: Iterable[Segment]) -> dict[str, str]:
                 n.inputs = [renamed[i] if i in acts else i for i in n.inputs]
         graph.nodes[first:first] = copies
     return clones
+
+
+#: the ways ``dfdl.train(memory=...)`` keeps activations for the backward pass
+MODES = ("spill", "recompute", "auto")
+
+
+def choose(
+    segs: Iterable[Segment], excess_bytes: int, flops_per_s: float, disk_bytes_per_s: float
+) -> list[Segment]:
+    """The segments ``memory="auto"`` recomputes.
+
+    A segment is worth recomputing when running its forward nodes again
+    (``flops / flops_per_s``) takes less time than spilling its activations (written once
+    and read back once at ``disk_bytes_per_s``). Such segments are taken, the most bytes
+    saved per second of recompute first, until ``excess_bytes`` (what the plan would spill
+    per step) is covered; with nothing to spill, none is.
+
+    Example:
+        >>> choose(segments(g, grads), excess_bytes=2**30, flops_per_s=5e10,
+        ...        disk_bytes_per_s=1e9)  # doctest: +SKIP
+    """
+    picked = []
+    for s in sorted(segs, key=lambda s: s.flops / max(1, s.saved_bytes)):
+        if excess_bytes <= 0:
+            break
+        if s.flops / flops_per_s < 2 * s.saved_bytes / disk_bytes_per_s:
+            picked.append(s)
+            excess_bytes -= s.saved_bytes
+    return sorted(picked, key=lambda s: s.index)
