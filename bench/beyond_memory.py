@@ -67,7 +67,7 @@ import dfdl
 import dfdl.models
 from dfdl.graph.estimate import estimate_memory, working_set
 from dfdl.graph.onnx_io import to_ir
-from dfdl.graph.training import build_training_graph
+from dfdl.graph.training import build_training_graph, plan_training
 from dfdl.ops.registry import TensorType
 from dfdl.scheduler.cluster import parse_memory
 
@@ -377,7 +377,7 @@ def main(argv=None) -> int:
     cap = args.workers * limit
     size = work.sized(int(args.factor * cap), batch)
     tg = work.training_graph(size, batch)
-    plan = tg.plan(None, cores=1, memory_limit=limit)
+    tg, plan = plan_training(tg, None, cores=args.workers, memory_limit=limit)
     est = estimate_memory(plan, args.workers)
     rc_plan = tg.recompute(tg.segments()).plan(plan.tiles, memory_limit=limit)
     rc_est = estimate_memory(rc_plan, args.workers)

@@ -283,7 +283,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from dfdl.errors import ConfigError
     from dfdl.graph.bind import bind
     from dfdl.graph.tiling import make_plan
-    from dfdl.graph.training import build_training_graph
+    from dfdl.graph.training import build_training_graph, plan_training
     from dfdl.scheduler.cluster import default_workers, parse_memory
 
     graph = dfdl.load(args.model)
@@ -299,7 +299,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             labels=_labels_type(graph, types, args.loss),
         )
         print(f"training step: forward, loss {args.loss!r}, backward, {args.optimizer} update")
-        plan = tg.plan(args.tiles, cores=cores, memory_limit=memory)
+        tg, plan = plan_training(tg, args.tiles, cores=cores, memory_limit=memory)
         if args.recompute:
             segs = tg.segments()
             tg = tg.recompute(segs)

@@ -24,7 +24,7 @@ from dfdl.graph.lower import new_token
 from dfdl.graph.onnx_io import ModelLike, from_ir, load_model, to_ir
 from dfdl.graph.recompute import MODES, choose
 from dfdl.graph.tiling import make_plan
-from dfdl.graph.training import TrainingGraph, build_training_graph
+from dfdl.graph.training import TrainingGraph, build_training_graph, plan_training
 from dfdl.ops.registry import TensorType
 from dfdl.scheduler import checkpoint
 from dfdl.scheduler.cluster import (
@@ -228,7 +228,7 @@ def train(
                 seed=seed,
                 loss_options=options,
             )
-            cache[b] = StepPlan(tg, tg.plan(tiles, cores=cores, memory_limit=limit))
+            cache[b] = StepPlan(*plan_training(tg, tiles, cores=cores, memory_limit=limit))
         return cache[b]
 
     first = spilling_plan(min(batch_size, n))  # model/data mismatches raise here, before any task

@@ -96,3 +96,39 @@ def test_training_plan_under_a_limit_splits_space():
         if n.spec.spatial and len(n.letters[n.spec.spatial[0]]) > 1
     }
     assert {"Conv", "ConvGradInput", "ConvGradWeight", "ConvTranspose", "MaxPool"} <= kinds
+
+
+def test_batch_norm_split_when_a_channel_does_not_fit(tmp_path):
+    """Under a limit that one BatchNorm channel of the batch exceeds, training splits
+    BatchNorm into tiled passes, spills, and still trains like whole volumes."""
+    import dask
+    from distributed import Client
+
+    from tests.test_train_spill import MANAGED_ONLY
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((4, 1, 16, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 2, size=(4, 16, 16, 16))
+    common = dict(
+        data=(X, y),
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.05, momentum=0.9),
+        batch_size=2,
+        steps=2,
+        shuffle=False,
+        progress=False,
+    )
+    model = dfdl.models.unet3d(base=2, levels=2, volume=16)
+    with (
+        dask.config.set(MANAGED_ONLY),
+        dfdl.LocalCluster(2, memory_limit=512 * 2**10, local_directory=str(tmp_path)) as c,
+        Client(c) as client,
+    ):
+        capped = dfdl.train(model, client=client, memory="spill", **common)
+    with dfdl.LocalCluster(2) as c, Client(c) as client:
+        free = dfdl.train(model, client=client, tiles={"batch": 1}, **common)
+    assert capped.tiles["space"] > 1
+    assert sum(capped.history["spilled_bytes"]) > 0
+    np.testing.assert_allclose(capped.history["loss"], free.history["loss"], rtol=1e-5)
+    for k, w in free.params.items():
+        np.testing.assert_allclose(capped.params[k], w, rtol=1e-4, atol=1e-6, err_msg=k)

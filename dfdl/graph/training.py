@@ -96,6 +96,19 @@ class TrainingGraph:
         clones = recompute(graph, chosen)
         return dataclasses.replace(self, graph=graph, recomputed={**self.recomputed, **clones})
 
+    def split_batch_norms(self) -> TrainingGraph:
+        """A copy whose training-mode BatchNormalizations (and gradients) tile over batch
+        and space (:mod:`dfdl.graph.split_norm`).
+
+        Example:
+            >>> tg.split_batch_norms().plan(memory_limit=2**28)  # doctest: +SKIP
+        """
+        from dfdl.graph.split_norm import split_batch_norms
+
+        graph = self.graph.copy()
+        split_batch_norms(graph)
+        return dataclasses.replace(self, graph=graph)
+
     def seeds(self, seed: int, step: int) -> dict[str, dict[str, int]]:
         """Per-node attribute overrides of one step: every Dropout's seed (a clone
         rebuilding a Dropout draws the original's mask)."""
@@ -118,6 +131,27 @@ class TrainingGraph:
         return make_plan(
             self.graph, tiles, cores=cores, weights=self.carried(), memory_limit=memory_limit
         )
+
+
+def plan_training(
+    tg: TrainingGraph, tiles=None, *, cores: int = 1, memory_limit: int | None = None
+) -> tuple[TrainingGraph, object]:
+    """``(tg, tg.plan(...))``; when the plan fails on a BatchNormalization's whole-channel
+    tasks, the training graph with split BatchNormalizations and its plan instead.
+
+    Example:
+        >>> tg, plan = plan_training(tg, memory_limit=2**28)  # doctest: +SKIP
+    """
+    from dfdl.errors import MemoryPlanError
+    from dfdl.graph.split_norm import splittable
+
+    try:
+        return tg, tg.plan(tiles, cores=cores, memory_limit=memory_limit)
+    except MemoryPlanError as e:
+        if not splittable(tg.graph, e.node or ""):
+            raise
+    tg = tg.split_batch_norms()
+    return tg, tg.plan(tiles, cores=cores, memory_limit=memory_limit)
 
 
 def _const_inputs(graph: Graph) -> set[str]:

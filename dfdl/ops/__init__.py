@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # one module per family; each registers its ops on import
 from dfdl.ops import (  # noqa: E402,F401  (imported for registration)
+    batch_norm_split,
     conv,
     elementwise,
     fold,

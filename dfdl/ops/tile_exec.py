@@ -108,6 +108,21 @@ def run_tile(meta: tuple, *args: Any) -> Any:
     return out[0] if n_out == 1 else out
 
 
+def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Chan's parallel combination of per-row (count, mean, sum of squared deviations):
+    no sum of raw squares, so no cancellation however large the mean."""
+    na, nb = a[:, 0], b[:, 0]
+    n = na + nb
+    delta = b[:, 1] - a[:, 1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = np.where(n > 0, nb / n, 0.0)
+    out = np.empty_like(a)
+    out[:, 0] = n
+    out[:, 1] = a[:, 1] + delta * w
+    out[:, 2] = a[:, 2] + b[:, 2] + delta * delta * na * w
+    return out
+
+
 def combine(how: str, *parts: np.ndarray) -> np.ndarray:
     """Combine partial tiles of a contraction in the given (fixed) order."""
     acc = parts[0].copy()
@@ -120,6 +135,9 @@ def combine(how: str, *parts: np.ndarray) -> np.ndarray:
     elif how == "min":
         for p in parts[1:]:
             np.minimum(acc, p, out=acc)
+    elif how == "moments":
+        for p in parts[1:]:
+            acc = merge_moments(acc, p)
     else:
         raise ValueError(f"unknown combine {how!r}")
     return acc

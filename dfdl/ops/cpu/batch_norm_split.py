@@ -1,0 +1,88 @@
+"""Numba kernels of the split training-mode BatchNormalization (dfdl/ops/batch_norm_split.py).
+
+Inputs are (N, C, S) views; statistics and sums accumulate in float64.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from dfdl.ops.cpu.norm import _as_nc_s
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _moments(x, out):
+    """out[c] = (count, mean, sum of squared deviations) of x[:, c, :], two-pass."""
+    N, C, S = x.shape
+    cnt = N * S
+    for c in range(C):
+        s1 = 0.0
+        for n in range(N):
+            for s in range(S):
+                s1 += x[n, c, s]
+        m = s1 / cnt if cnt else 0.0
+        s2 = 0.0
+        for n in range(N):
+            for s in range(S):
+                d = x[n, c, s] - m
+                s2 += d * d
+        out[c, 0] = cnt
+        out[c, 1] = m
+        out[c, 2] = s2
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _grad_sums(x, dy, mean, inv, out):
+    """out[c] = (sum dy * xhat, sum dy) over x[:, c, :]."""
+    N, C, S = x.shape
+    for c in range(C):
+        sdyx = 0.0
+        sdy = 0.0
+        for n in range(N):
+            for s in range(S):
+                g = dy[n, c, s]
+                sdy += g
+                sdyx += g * (x[n, c, s] - mean[c]) * inv[c]
+        out[c, 0] = sdyx
+        out[c, 1] = sdy
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _grad_apply(x, dy, mean, inv, scale, sums, cnt, dmean, dvar, dx):
+    """dX of training-mode batch norm from the batch's per-channel sums."""
+    N, C, S = x.shape
+    for c in range(C):
+        a = scale[c] * inv[c]
+        mb = sums[c, 1] / cnt
+        mx = sums[c, 0] / cnt
+        cm = dmean[c] / cnt
+        cv = dvar[c] * 2.0 / cnt
+        for n in range(N):
+            for s in range(S):
+                xc = x[n, c, s] - mean[c]
+                dx[n, c, s] = a * (dy[n, c, s] - mb - xc * inv[c] * mx) + cm + cv * xc
+
+
+def cpu_moments(X: np.ndarray) -> np.ndarray:
+    """(C, 3) float64 moments of an (N, C, ...) tile."""
+    x = _as_nc_s(X)
+    out = np.empty((x.shape[1], 3))
+    _moments(x, out)
+    return out
+
+
+def cpu_grad_sums(dY: np.ndarray, X: np.ndarray, mean, inv) -> np.ndarray:
+    """(C, 2) float64 sums (dY * xhat, dY) of an (N, C, ...) tile."""
+    x = _as_nc_s(X)
+    out = np.empty((x.shape[1], 2))
+    _grad_sums(x, _as_nc_s(dY), mean, inv, out)
+    return out
+
+
+def cpu_grad_apply(dY, X, mean, inv, scale, sums, cnt, dmean, dvar) -> np.ndarray:
+    """dX of one (N, C, ...) tile."""
+    x = _as_nc_s(X)
+    dx = np.empty_like(x)
+    _grad_apply(x, _as_nc_s(dY), mean, inv, scale, sums, float(cnt), dmean, dvar, dx)
+    return dx.reshape(X.shape)

@@ -1,0 +1,72 @@
+"""Split training-mode BatchNormalization (dfdl.graph.split_norm): the rewritten training
+step computes the fused one's numbers, tiles over batch and space, and the planner uses
+it when whole-channel BatchNorm tasks do not fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dfdl
+from dfdl.errors import MemoryPlanError
+from dfdl.graph.onnx_io import to_ir
+from dfdl.graph.split_norm import split_batch_norms
+from dfdl.graph.training import build_training_graph, plan_training
+from dfdl.ops.registry import TensorType
+
+from .test_recompute import _run, _training
+
+
+def test_split_step_equals_the_fused_step():
+    tg, values = _training("unet3d")
+    split = tg.split_batch_norms()
+    ops = [n.op_type for n in split.graph.nodes]
+    assert "BatchNormalization" not in ops and "BatchNormalizationGrad" not in ops
+    assert {"BatchNormMoments", "BatchNormApply", "BatchNormGradSums"} <= set(ops)
+    want, _, _ = _run(tg, values, {"batch": 2})
+    for tiles in ({"batch": 2}, {"batch": 2, "space": 3}):
+        got, plan, _ = _run(split, values, tiles)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-6, err_msg=k)
+
+
+def test_split_batch_norm_tasks_split_batch_and_space():
+    tg, _ = _training("unet3d")
+    plan = tg.split_batch_norms().plan({"batch": 2, "space": 2})
+    for np_ in plan.nodes:
+        if np_.node.op_type in ("BatchNormApply", "BatchNormGradApply"):
+            assert np_.n_tiles() >= 4, np_.node.name
+        if np_.node.op_type in ("BatchNormMoments", "BatchNormGradSums"):
+            assert np_.n_partials() >= 4, np_.node.name
+    fused = tg.plan({"batch": 2, "space": 2})
+    bn = [p for p in fused.nodes if p.node.op_type == "BatchNormalization"]
+    assert bn and all(p.n_tiles() == 1 for p in bn)  # the whole batch and volume
+
+
+def test_planner_splits_batch_norm_when_its_channels_do_not_fit():
+    graph = to_ir(dfdl.models.unet3d(base=2, levels=2, volume=16))
+    tg = build_training_graph(
+        graph,
+        {"x": TensorType((2, 1, 16, 16, 16), np.dtype("float32"))},
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.1),
+        labels=TensorType((2, 16, 16, 16), np.dtype("int64")),
+    )
+    limit = 512 * 2**10
+    with pytest.raises(MemoryPlanError) as err:
+        tg.plan(memory_limit=limit)
+    assert "BatchNormalization" in err.value.node
+    split, plan = plan_training(tg, memory_limit=limit)
+    assert split is not tg and plan.peak_task()[1] <= limit // 4
+    assert not any(n.op_type == "BatchNormalization" for n in split.graph.nodes)
+    # a graph that fits keeps its fused BatchNorms
+    same, _ = plan_training(tg)
+    assert same is tg
+
+
+def test_split_leaves_inference_batch_norm_alone():
+    graph = to_ir(dfdl.models.resnet(image_size=8, stem=4, stages=(4,), blocks_per_stage=1))
+    from dfdl.graph.bind import bind
+
+    bound = bind(graph, {"x": TensorType((2, 3, 8, 8), np.dtype("float32"))})
+    assert split_batch_norms(bound) == 0

@@ -1,0 +1,208 @@
+"""OpCases for the split training-mode BatchNormalization (dfdl/ops/batch_norm_split.py).
+
+References are the textbook formulas in float64, written here from np.mean / np.var,
+not from dfdl. Inputs M and G are the moments and gradient sums of real tensors, so the
+cases run the ops as the split graph does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from tests.ops.case import OpCase, rand
+
+F32, F64 = np.float32, np.float64
+
+
+def _axes(x):
+    return (0, *range(2, x.ndim))
+
+
+def _view(p, rank):
+    return np.asarray(p, np.float64).reshape((1, -1) + (1,) * (rank - 2))
+
+
+def _moments(x):
+    x = np.asarray(x, np.float64)
+    ax = _axes(x)
+    cnt = x.size // x.shape[1]
+    return np.stack([np.full(x.shape[1], cnt), x.mean(axis=ax), x.var(axis=ax) * cnt], 1)
+
+
+def _xhat(x, eps):
+    x = np.asarray(x, np.float64)
+    ax = _axes(x)
+    m, v = x.mean(axis=ax), x.var(axis=ax)
+    return (x - _view(m, x.ndim)) / np.sqrt(_view(v, x.ndim) + eps)
+
+
+def _grad_sums(dy, x, eps):
+    ax = _axes(x)
+    dy = np.asarray(dy, np.float64)
+    return np.stack([(dy * _xhat(x, eps)).sum(axis=ax), dy.sum(axis=ax)], 1)
+
+
+def _apply_ref(eps):
+    def ref(x, scale, b, m):
+        mean, var = m[:, 1].astype(x.dtype), (m[:, 2] / m[:, 0]).astype(x.dtype)
+        r = x.ndim
+        y = (x - _view(mean, r)) / np.sqrt(_view(var, r) + eps)
+        return [(_view(scale, r) * y + _view(b, r)).astype(x.dtype)]
+
+    return ref
+
+
+def _running_ref(momentum):
+    def ref(m, mean, var):
+        bm, bv = m[:, 1].astype(F32), (m[:, 2] / m[:, 0]).astype(F32)
+        return [
+            (mean * momentum + bm * (1 - momentum)).astype(mean.dtype),
+            (var * momentum + bv * (1 - momentum)).astype(var.dtype),
+        ]
+
+    return ref
+
+
+def _grad_apply_ref(eps):
+    def ref(dy, x, scale, m, g, dmean=None, dvar=None):
+        r = x.ndim
+        cnt = x.size // x.shape[1]
+        xhat = _xhat(x, eps)
+        inv = 1 / np.sqrt(_view(np.asarray(x, F64).var(axis=_axes(x)), r) + eps)
+        dx = _view(scale, r) * inv * (dy - _view(g[:, 1], r) / cnt - xhat * _view(g[:, 0], r) / cnt)
+        if dmean is not None:
+            dx = dx + _view(dmean, r) / cnt
+        if dvar is not None:
+            xc = np.asarray(x, F64) - _view(np.asarray(x, F64).mean(axis=_axes(x)), r)
+            dx = dx + _view(dvar, r) * 2 / cnt * xc
+        return [dx.astype(x.dtype)]
+
+    return ref
+
+
+X4 = rand(5, 7, 3, 4, seed=1)
+DY4 = rand(5, 7, 3, 4, seed=2)
+X5 = rand(3, 4, 5, 3, 6, dtype=F64, seed=3) + 10.0  # a large mean: no cancellation
+DY5 = rand(3, 4, 5, 3, 6, dtype=F64, seed=4)
+X2 = rand(9, 6, seed=5)
+DY2 = rand(9, 6, seed=6)
+
+CASES = [
+    OpCase(
+        "BatchNormMoments",
+        [X4],
+        domain="dfdl",
+        reference=lambda x: [_moments(x)],
+        id="f32_4d",
+        rtol=1e-9,
+        atol=1e-9,
+    ),
+    OpCase(
+        "BatchNormMoments",
+        [X5],
+        domain="dfdl",
+        reference=lambda x: [_moments(x)],
+        id="f64_5d_offset",
+        rtol=1e-10,
+        atol=1e-9,
+    ),
+    OpCase(
+        "BatchNormMoments",
+        [X2],
+        domain="dfdl",
+        reference=lambda x: [_moments(x)],
+        id="f32_2d",
+        rtol=1e-9,
+        atol=1e-9,
+    ),
+    OpCase(
+        "BatchNormApply",
+        [X4, rand(7, seed=7), rand(7, seed=8), _moments(X4)],
+        domain="dfdl",
+        reference=_apply_ref(1e-5),
+        id="f32_4d",
+    ),
+    OpCase(
+        "BatchNormApply",
+        [X5, rand(4, dtype=F64, seed=7), rand(4, dtype=F64, seed=8), _moments(X5)],
+        attrs={"epsilon": 1e-3},
+        domain="dfdl",
+        reference=_apply_ref(1e-3),
+        id="f64_5d_eps",
+        rtol=1e-10,
+        atol=1e-10,
+    ),
+    OpCase(
+        "BatchNormRunning",
+        [_moments(X4), rand(7, seed=9), rand(7, seed=10, low=0.5, high=2.0)],
+        attrs={"momentum": 0.7, "x_dtype": TensorProto.FLOAT},
+        n_outputs=2,
+        domain="dfdl",
+        reference=_running_ref(0.7),
+        id="f32",
+    ),
+    OpCase(
+        "BatchNormGradSums",
+        [DY4, X4, _moments(X4)],
+        domain="dfdl",
+        reference=lambda dy, x, m: [_grad_sums(dy, x, 1e-5)],
+        id="f32_4d",
+        rtol=1e-9,
+        atol=1e-9,
+    ),
+    OpCase(
+        "BatchNormGradSums",
+        [DY5, X5, _moments(X5)],
+        attrs={"epsilon": 1e-3},
+        domain="dfdl",
+        reference=lambda dy, x, m: [_grad_sums(dy, x, 1e-3)],
+        id="f64_5d_eps",
+        rtol=1e-9,
+        atol=1e-9,
+    ),
+    OpCase(
+        "BatchNormGradApply",
+        [DY4, X4, rand(7, seed=7), _moments(X4), _grad_sums(DY4, X4, 1e-5)],
+        domain="dfdl",
+        reference=_grad_apply_ref(1e-5),
+        id="f32_4d",
+        rtol=1e-4,
+        atol=1e-5,
+    ),
+    OpCase(
+        "BatchNormGradApply",
+        [
+            DY5,
+            X5,
+            rand(4, dtype=F64, seed=7),
+            _moments(X5),
+            _grad_sums(DY5, X5, 1e-3),
+            rand(4, dtype=F64, seed=11),
+            rand(4, dtype=F64, seed=12),
+        ],
+        attrs={"epsilon": 1e-3},
+        domain="dfdl",
+        reference=_grad_apply_ref(1e-3),
+        id="f64_5d_stats_grads",
+        rtol=1e-9,
+        atol=1e-10,
+    ),
+    OpCase(
+        "BatchNormGradApply",
+        [DY2, X2, rand(6, seed=7), _moments(X2), _grad_sums(DY2, X2, 1e-5)],
+        domain="dfdl",
+        reference=_grad_apply_ref(1e-5),
+        id="f32_2d",
+        rtol=1e-4,
+        atol=1e-5,
+    ),
+    OpCase(
+        "BatchNormGradParams",
+        [_grad_sums(DY4, X4, 1e-5), rand(7, seed=7)],
+        n_outputs=2,
+        domain="dfdl",
+        reference=lambda g, s: [g[:, 0].astype(s.dtype), g[:, 1].astype(s.dtype)],
+        id="f32",
+    ),
+]
