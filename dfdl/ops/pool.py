@@ -394,9 +394,67 @@ def _avg_pool_grad_shape(inputs, consts, *, input_shape=None, **attrs) -> list[T
 
 
 def _max_pool_grad_tile(ctx: TileContext) -> TileSpec:
-    """dY, X and dX tiled alike on batch and channels; spatial axes whole."""
-    spec = letters(2) + "." * (ctx.inputs[1].rank - 2)
-    return TileSpec(inputs=(spec, spec), outputs=(spec,))
+    """Batch, channels and spatial slabs of dX tiled.
+
+    A dX slab ``[lo, hi)`` takes the dY rows whose windows reach it (a scatter halo) and
+    the X rows those windows cover in full (a gather halo of those rows), so each window
+    finds the same first max as untiled; the task computes dX over its X slab (explicit
+    pads for what lies outside X) and keeps ``[lo, hi)`` (the ``dfdl_crop`` attribute).
+    """
+    x = ctx.inputs[1]
+    nd = x.rank - 2
+    g = _geometry_from_attrs("MaxPoolGrad", x.shape, ctx.attrs)
+    eff = [(k - 1) * d + 1 for k, d in zip(g.kernel, g.dilations, strict=True)]
+    sp = halo.spatial_letters(nd)
+    rows = [
+        halo.scatter_window(e, s, p, o) for e, s, p, o in zip(eff, g.strides, g.pads_begin, g.out)
+    ]
+    reads = [halo.gather_window(e, s, p) for e, s, p in zip(eff, g.strides, g.pads_begin)]
+    windows = {}
+    for a in range(nd):
+        windows[(0, 2 + a)] = rows[a]
+        windows[(1, 2 + a)] = lambda lo, hi, a=a: reads[a](*rows[a](lo, hi))
+
+    def tile_attrs(attrs, ranges):
+        begin, end, crop = [], [], []
+        for a, ch in enumerate(sp):
+            lo, hi = ranges[ch]
+            first, stop = rows[a](lo, hi)
+            b, e = halo.gather_pads(
+                eff[a], g.strides[a], g.pads_begin[a], x.shape[2 + a], first, stop
+            )
+            begin.append(b)
+            end.append(e)
+            crop += [lo - max(0, reads[a](first, stop)[0]), hi - lo]
+        return {
+            **attrs,
+            "auto_pad": "NOTSET",
+            "pads": begin + end,
+            "ceil_mode": 0,
+            "dfdl_crop": crop,
+        }
+
+    spec = letters(2) + sp
+    return TileSpec(
+        inputs=(spec, spec), outputs=(spec,), windows=windows, spatial=sp, tile_attrs=tile_attrs
+    )
+
+
+def crop_slab(dx: np.ndarray, crop) -> np.ndarray:
+    """The part ``[off, off + n)`` of each spatial axis of ``dx`` (``crop`` = off0, n0,
+    off1, n1, ...), zeros where it runs past ``dx``'s end."""
+    if crop is None:
+        return dx
+    nd = len(crop) // 2
+    out = np.zeros(dx.shape[:2] + tuple(crop[2 * a + 1] for a in range(nd)), dx.dtype)
+    src, dst = [slice(None)] * 2, [slice(None)] * 2
+    for a in range(nd):
+        off, n = crop[2 * a], crop[2 * a + 1]
+        take = max(0, min(n, dx.shape[2 + a] - off))
+        src.append(slice(off, off + take))
+        dst.append(slice(0, take))
+    out[tuple(dst)] = dx[tuple(src)]
+    return out
 
 
 def _avg_pool_grad_tile(ctx: TileContext) -> TileSpec:
@@ -428,12 +486,14 @@ def MaxPoolGrad(
     kernel_shape=None,
     pads=None,
     strides=None,
+    dfdl_crop=None,
 ):
-    """dX of ``MaxPool(X)`` given dY (ties: the first max in scan order, as the forward)."""
+    """dX of ``MaxPool(X)`` given dY (ties: the first max in scan order, as the forward).
+    ``dfdl_crop`` (set by the tile rule, never in a model) keeps one slab of dX."""
     g = pool_geometry(
         "MaxPoolGrad", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
     )
-    return max_pool_grad_numpy(dY, X, g)
+    return crop_slab(max_pool_grad_numpy(dY, X, g), dfdl_crop)
 
 
 @register(

@@ -16,6 +16,7 @@ import pytest
 import dfdl
 from dfdl.ops import REGISTRY, halo
 from tests.ops.case import OpCase, rand
+from tests.ops.cases_pool import _max_grad_case
 from tests.ops.test_registry import CASES
 
 #: ops whose spatial axes the planner splits into halo'd slabs (issue 5, scope 2)
@@ -27,6 +28,7 @@ HALO_OPS = (
     "Resize",
     "dfdl.ConvGradInput",
     "dfdl.ConvGradWeight",
+    "dfdl.MaxPoolGrad",
 )
 
 GEOMETRIES = list(itertools.product((1, 2, 3, 5), (1, 2, 3), (0, 1, 2)))  # eff, stride, pad
@@ -112,6 +114,14 @@ LARGER = [
         "MaxPool",
         [rand(1, 2, 17, 12)],
         {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
+    ),
+    _max_grad_case(
+        rand(2, 3, 13, 10, 9), {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}, "3d", seed=1
+    ),
+    _max_grad_case(  # overlapping windows, ceil mode and many ties
+        np.round(rand(1, 2, 17, 12)),
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
+        "2d_ties",
     ),
     OpCase(
         "AveragePool",

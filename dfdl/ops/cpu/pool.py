@@ -277,6 +277,7 @@ def MaxPoolGrad(
     kernel_shape=None,
     pads=None,
     strides=None,
+    dfdl_crop=None,
 ):
     """numba dfdl.MaxPoolGrad; the numpy forward for other dtypes/ranks."""
     attrs = dict(
@@ -286,13 +287,14 @@ def MaxPoolGrad(
         kernel_shape=kernel_shape,
         pads=pads,
         strides=strides,
+        dfdl_crop=dfdl_crop,
     )
     if not (_supported(X) and dY.dtype == X.dtype):
         return ref.MaxPoolGrad(dY, X, **attrs)
     g = ref.pool_geometry(
         "MaxPoolGrad", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
     )
-    return _run_grad(dY, X, X.shape, g, True)
+    return ref.crop_slab(_run_grad(dY, X, X.shape, g, True), dfdl_crop)
 
 
 def AveragePoolGrad(
