@@ -421,6 +421,7 @@ def _build(graph: Graph, policy: _Policy, weights: set[str]) -> Plan:
         if graph.types[name].rank and name not in weights:
             roles[(name, 0)] = {"batch"}
     chunks: dict[str, Chunks] = {}
+    shape_roles: dict[tuple, dict[int, set[str]]] = {}
     node_plans: list[NodePlan] = []
     task_bytes: dict[str, int] = {}
     task_memory: dict[str, int] = {}
@@ -443,6 +444,14 @@ def _build(graph: Graph, policy: _Policy, weights: set[str]) -> Plan:
                     letter_roles[ch].add("model")
         if spec.spatial[:1] in letter_roles:
             letter_roles[spec.spatial[0]].add("space")  # slabs along the outermost axis
+        if not any(letter_roles.values()):
+            # a node fed by no tiled tensor (the loss gradient broadcast from a scalar):
+            # its axes play the roles of the first tensor seen with its output's shape
+            for name, s in present_outputs(node, spec):
+                seen = shape_roles.get(graph.types[name].shape, {})
+                for axis, ch in enumerate(s):
+                    if ch != ".":
+                        letter_roles[ch] |= seen.get(axis, set())
         letters: dict[str, tuple[int, ...]] = {}
         for ch, size in sizes.items():
             letters[ch] = policy.chunks(size, letter_roles[ch])
@@ -466,6 +475,8 @@ def _build(graph: Graph, policy: _Policy, weights: set[str]) -> Plan:
         for name, s in present_outputs(node, spec):
             t = graph.types[name]
             chunks[name] = tuple((d,) if ch == "." else letters[ch] for ch, d in zip(s, t.shape))
+            if t.shape not in shape_roles and any(letter_roles[ch] for ch in s if ch != "."):
+                shape_roles[t.shape] = {a: letter_roles[ch] for a, ch in enumerate(s) if ch != "."}
             same = _same_shape_input(node, graph, t)
             for axis, ch in enumerate(s):
                 if ch != ".":
