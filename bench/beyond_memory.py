@@ -379,7 +379,7 @@ def main(argv=None) -> int:
     tg = work.training_graph(size, batch)
     tg, plan = plan_training(tg, None, cores=args.workers, memory_limit=limit)
     est = estimate_memory(plan, args.workers)
-    rc_plan = tg.recompute(tg.segments()).plan(plan.tiles, memory_limit=limit)
+    _, rc_plan = plan_training(tg.recompute(tg.segments()), plan.tiles, memory_limit=limit)
     rc_est = estimate_memory(rc_plan, args.workers)
     ws = est.working_set
     print(f"{work.name} {work.kwargs(size)}, batch {batch}, {args.steps} steps")

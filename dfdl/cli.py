@@ -56,7 +56,7 @@ def parse_tiles(text: str) -> dict[str, int] | str | None:
         return None
     if text == "uneven":
         return "uneven"
-    return _key_values(text, "--tiles", ("batch", "model", "space"))
+    return _key_values(text, "--tiles", ("batch", "model", "space", "split_norms"))
 
 
 def parse_dims(text: str) -> dict[str, int]:
@@ -302,8 +302,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         tg, plan = plan_training(tg, args.tiles, cores=cores, memory_limit=memory)
         if args.recompute:
             segs = tg.segments()
-            tg = tg.recompute(segs)
-            plan = tg.plan(plan.tiles, memory_limit=memory)
+            tg, plan = plan_training(tg.recompute(segs), plan.tiles, memory_limit=memory)
             rebuilt = len(tg.recomputed)
             print(f"recompute: {len(segs)} segment(s), {rebuilt} forward node(s) run again")
     elif args.recompute:
@@ -509,7 +508,7 @@ def _add_training_args(p: argparse.ArgumentParser, batch_default: int | None) ->
 
 
 _DEBUG_HELP = "show the full traceback of an error"
-_TILES_HELP = "tiling: auto (default), uneven, or batch=B,model=M,space=S"
+_TILES_HELP = "tiling: auto (default), uneven, or batch=B,model=M,space=S[,split_norms=1]"
 _OPTIMIZER_HELP = "torch-equivalent optimizer (default sgd)"
 
 

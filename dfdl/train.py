@@ -24,7 +24,7 @@ from dfdl.graph.lower import new_token
 from dfdl.graph.onnx_io import ModelLike, from_ir, load_model, to_ir
 from dfdl.graph.recompute import MODES, choose
 from dfdl.graph.tiling import make_plan
-from dfdl.graph.training import TrainingGraph, build_training_graph, plan_training
+from dfdl.graph.training import SPLIT_NORMS, TrainingGraph, build_training_graph, plan_training
 from dfdl.ops.registry import TensorType
 from dfdl.scheduler import checkpoint
 from dfdl.scheduler.cluster import (
@@ -156,7 +156,8 @@ def train(
         validation: ``(X_val, y_val)`` evaluated (inference mode) after each epoch.
         client: a ``distributed.Client``; None starts an embedded LocalCluster.
         tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
-            (``space``: slabs along the first spatial axis of convolutions/pools).
+            (``space``: slabs along the first spatial axis of convolutions/pools;
+            ``"split_norms": 1`` tiles BatchNormalization over batch and space too).
         checkpoint_dir: where checkpoints go; with ``checkpoint_every`` steps.
         checkpoint_every: steps between checkpoints.
         progress: a tqdm bar on a terminal (steps, loss, samples/s).
@@ -390,7 +391,7 @@ def _memory_mode(sp: StepPlan, memory: str, client) -> StepPlan:
         return sp
     tg = sp.tg.recompute(segs)
     # the same tiling: a clone computes the bits of the node it rebuilds
-    return StepPlan(tg, tg.plan(sp.plan.tiles, memory_limit=sp.plan.memory_limit))
+    return StepPlan(*plan_training(tg, sp.plan.tiles, memory_limit=sp.plan.memory_limit))
 
 
 def _initial(graph, name: str) -> np.ndarray:
@@ -422,6 +423,8 @@ def evaluate(
     from dfdl.scheduler.executor import execute
 
     Xv, yv = _split_data(validation, "validation")
+    if isinstance(tiles, Mapping):  # inference has no BatchNorm statistics to split
+        tiles = {k: v for k, v in tiles.items() if k != SPLIT_NORMS}
     current = state.gather(client, tg.graph.types)
     g = graph.copy()
     for k in tg.params + tg.buffers:

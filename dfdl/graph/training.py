@@ -133,25 +133,41 @@ class TrainingGraph:
         )
 
 
+#: the ``tiles=`` key that asks for split BatchNormalizations (see :func:`plan_training`)
+SPLIT_NORMS = "split_norms"
+
+
 def plan_training(
     tg: TrainingGraph, tiles=None, *, cores: int = 1, memory_limit: int | None = None
 ) -> tuple[TrainingGraph, object]:
-    """``(tg, tg.plan(...))``; when the plan fails on a BatchNormalization's whole-channel
-    tasks, the training graph with split BatchNormalizations and its plan instead.
+    """``(tg, tg.plan(...))``, or the training graph with split BatchNormalizations
+    (:mod:`dfdl.graph.split_norm`) and its plan: when ``tiles`` has ``"split_norms": 1``,
+    or when the plan fails on a BatchNormalization's whole-channel tasks. The plan's
+    ``tiles`` then carry ``"split_norms": 1``, so passing them back repeats the graph.
 
     Example:
         >>> tg, plan = plan_training(tg, memory_limit=2**28)  # doctest: +SKIP
     """
-    from dfdl.errors import MemoryPlanError
+    from dfdl.errors import MemoryPlanError, PlanError
     from dfdl.graph.split_norm import splittable
 
-    try:
-        return tg, tg.plan(tiles, cores=cores, memory_limit=memory_limit)
-    except MemoryPlanError as e:
-        if not splittable(tg.graph, e.node or ""):
-            raise
+    split = False
+    if isinstance(tiles, Mapping) and SPLIT_NORMS in tiles:
+        split = tiles[SPLIT_NORMS]
+        if split not in (0, 1):
+            raise PlanError(f"tiles[{SPLIT_NORMS!r}] must be 0 or 1, not {split!r}")
+        tiles = {k: v for k, v in tiles.items() if k != SPLIT_NORMS}
+    if not split:
+        try:
+            return tg, tg.plan(tiles, cores=cores, memory_limit=memory_limit)
+        except MemoryPlanError as e:
+            if not splittable(tg.graph, e.node or ""):
+                raise
     tg = tg.split_batch_norms()
-    return tg, tg.plan(tiles, cores=cores, memory_limit=memory_limit)
+    plan = tg.plan(tiles, cores=cores, memory_limit=memory_limit)
+    if isinstance(plan.tiles, dict):
+        plan.tiles = {**plan.tiles, SPLIT_NORMS: 1}
+    return tg, plan
 
 
 def _const_inputs(graph: Graph) -> set[str]:

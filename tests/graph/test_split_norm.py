@@ -59,9 +59,15 @@ def test_planner_splits_batch_norm_when_its_channels_do_not_fit():
     split, plan = plan_training(tg, memory_limit=limit)
     assert split is not tg and plan.peak_task()[1] <= limit // 4
     assert not any(n.op_type == "BatchNormalization" for n in split.graph.nodes)
-    # a graph that fits keeps its fused BatchNorms
-    same, _ = plan_training(tg)
-    assert same is tg
+    assert plan.tiles["split_norms"] == 1
+    # the plan's tiles repeat it without a limit; a graph that fits keeps fused BatchNorms
+    again, plan2 = plan_training(tg, plan.tiles)
+    assert plan2.tiles == plan.tiles
+    assert [n.op_type for n in again.graph.nodes] == [n.op_type for n in split.graph.nodes]
+    same, free = plan_training(tg)
+    assert same is tg and "split_norms" not in free.tiles
+    with pytest.raises(dfdl.errors.PlanError, match="split_norms"):
+        plan_training(tg, {"batch": 1, "split_norms": 2})
 
 
 def test_split_leaves_inference_batch_norm_alone():

@@ -7,7 +7,7 @@ import os
 from distributed import Client
 
 from dfdl.scheduler import latency
-from dfdl.scheduler.cluster import default_workers, local_cluster
+from dfdl.scheduler.cluster import default_workers, local_cluster, malloc_config
 
 
 def _worker_state(dask_worker):
@@ -44,6 +44,19 @@ def test_explicit_worker_count_gives_single_threaded_processes():
         states = client.run(_worker_state).values()
         assert [s["interval"] for s in states] == [latency.INTERVAL_S] * 2
         assert client.run_on_scheduler(_scheduler_intervals) == [latency.INTERVAL_S] * 2
+
+
+def test_small_memory_limits_keep_less_free_heap(monkeypatch):
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    with local_cluster(1, memory_limit="512MiB") as cluster, Client(cluster) as client:
+        (state,) = client.run(_worker_state).values()
+    # an eighth of the limit may stay as free heap; heap blocks up to a quarter of that
+    assert state["trim"] == str(64 * 2**20)
+    assert state["mmap"] == str(16 * 2**20)
+    # a large worker keeps DASK_CONFIG's thresholds
+    assert sorted(malloc_config(8 * 2**30).values()) == [32 * 2**20, 128 * 2**20]
+    assert malloc_config("auto") == malloc_config(None) == malloc_config(0) == {}
 
 
 def test_install_on_a_plain_cluster_also_reaches_workers_started_later():
