@@ -8,28 +8,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from dfdl.ops.cpu.norm import _as_nc_s
-
-
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _moments(x, out):
-    """out[c] = (count, mean, sum of squared deviations) of x[:, c, :], two-pass."""
-    N, C, S = x.shape
-    cnt = N * S
-    for c in range(C):
-        s1 = 0.0
-        for n in range(N):
-            for s in range(S):
-                s1 += x[n, c, s]
-        m = s1 / cnt if cnt else 0.0
-        s2 = 0.0
-        for n in range(N):
-            for s in range(S):
-                d = x[n, c, s] - m
-                s2 += d * d
-        out[c, 0] = cnt
-        out[c, 1] = m
-        out[c, 2] = s2
+from dfdl.ops.cpu.norm import _as_nc_s, _channel_stats
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -65,11 +44,13 @@ def _grad_apply(x, dy, mean, inv, scale, sums, cnt, dmean, dvar, dx):
 
 
 def cpu_moments(X: np.ndarray) -> np.ndarray:
-    """(C, 3) float64 moments of an (N, C, ...) tile."""
+    """(C, 3) float64 moments (count, mean, sum of squared deviations) of an (N, C, ...)
+    tile, from the fused BatchNorm's two-pass statistics kernel."""
     x = _as_nc_s(X)
-    out = np.empty((x.shape[1], 3))
-    _moments(x, out)
-    return out
+    mean, var = np.empty(x.shape[1]), np.empty(x.shape[1])
+    _channel_stats(x, mean, var)
+    cnt = x.shape[0] * x.shape[2]
+    return np.stack([np.full_like(mean, cnt), mean, var * cnt], axis=1)
 
 
 def cpu_grad_sums(dY: np.ndarray, X: np.ndarray, mean, inv) -> np.ndarray:
