@@ -14,9 +14,9 @@ from dfdl.errors import ConfigError
 from dfdl.graph.recompute import Segment, choose
 
 UNET = dict(base=4, levels=3, volume=16)
-LIMIT = 4 * 2**20  # per worker; Dask keeps a tenth of it in memory, spills the rest
+LIMIT = 4 * 2**20  # per worker; Dask keeps a fifth of it in memory, spills the rest
 SPILL_EARLY = {
-    "distributed.worker.memory.target": 0.1,
+    "distributed.worker.memory.target": 0.2,
     "distributed.worker.memory.spill": False,
     "distributed.worker.memory.pause": False,
     "distributed.worker.memory.terminate": False,
@@ -68,9 +68,8 @@ def test_recompute_equals_spill_bit_for_bit(capped):
         np.testing.assert_array_equal(rc.params[k], spill.params[k], err_msg=k)
     assert spill.recomputed == []
     assert rc.recomputed and all(not n.endswith(".recompute") for n in rc.recomputed)
-    # both really ran beyond the workers' memory
+    # the spilling run really ran beyond the workers' memory
     assert sum(spill.history["spilled_bytes"]) > 0
-    assert sum(rc.history["spilled_bytes"]) > 0
 
 
 def test_auto_recomputes_when_the_plan_spills_and_changes_no_number(capped):
@@ -78,7 +77,8 @@ def test_auto_recomputes_when_the_plan_spills_and_changes_no_number(capped):
     assert auto.history["loss"] == capped["spill"].history["loss"]
     for k in auto.params:
         np.testing.assert_array_equal(auto.params[k], capped["spill"].params[k], err_msg=k)
-    # at these sizes a conv segment recomputes faster than its activations spill
+    # at these sizes a conv segment recomputes faster than its activations spill, and
+    # recomputing them all brings the estimated working set under the workers' memory
     assert set(auto.recomputed) <= set(capped["recompute"].recomputed)
     assert auto.recomputed
 
@@ -123,9 +123,12 @@ def _seg(i, saved, flops):
 def test_auto_takes_segments_cheaper_to_recompute_than_to_spill():
     # 1 GFLOP/s and 1 GB/s: recomputing costs flops/1e9 s, spilling 2 * bytes/1e9 s
     cheap, dear, mid = _seg(0, 10**6, 10**5), _seg(1, 10**6, 10**8), _seg(2, 10**6, 10**6)
-    assert choose([cheap, dear, mid], 10**9, 1e9, 1e9) == [cheap, mid]
+    assert choose([cheap, dear, mid], 2 * 10**6, 1e9, 1e9) == [cheap, mid]
     # only as many as needed to cover the bytes that would spill, best ratio first
     assert choose([mid, cheap], 10**5, 1e9, 1e9) == [cheap]
     assert choose([cheap, mid], 0, 1e9, 1e9) == []
+    # the qualifying segments cannot keep the step from spilling: none (dear does not
+    # qualify, and cheap + mid save 2 MB of 3 MB)
+    assert choose([cheap, dear, mid], 3 * 10**6, 1e9, 1e9) == []
     # a very slow disk makes even the dear one worth recomputing
-    assert choose([cheap, dear], 10**9, 1e9, 1e6) == [cheap, dear]
+    assert choose([cheap, dear], 2 * 10**6, 1e9, 1e6) == [cheap, dear]

@@ -202,13 +202,17 @@ MODES = ("spill", "recompute", "auto")
 def choose(
     segs: Iterable[Segment], excess_bytes: int, flops_per_s: float, disk_bytes_per_s: float
 ) -> list[Segment]:
-    """The segments ``memory="auto"`` recomputes.
+    """The segments ``memory="auto"`` recomputes: enough to keep the step from spilling,
+    or none.
 
-    A segment is worth recomputing when running its forward nodes again
-    (``flops / flops_per_s``) takes less time than spilling its activations (written once
-    and read back once at ``disk_bytes_per_s``). Such segments are taken, the most bytes
-    saved per second of recompute first, until ``excess_bytes`` (what the plan would spill
-    per step) is covered; with nothing to spill, none is.
+    A segment qualifies when running its forward nodes again (``flops / flops_per_s``)
+    takes less time than spilling its activations (written once and read back once at
+    ``disk_bytes_per_s``). Qualifying segments are taken, the most bytes saved per
+    second of recompute first, until ``excess_bytes`` (what the plan would spill per
+    step) is covered. When they cannot cover it, none is taken: the step spills either
+    way, and measured spill traffic is then no lower with recompute (tiles are evicted
+    and read back several times per step, and rebuilding rereads the checkpoints; see
+    ``bench/beyond_memory.py``), so recomputing only adds compute.
 
     Example:
         >>> choose(segments(g, grads), excess_bytes=2**30, flops_per_s=5e10,
@@ -221,4 +225,6 @@ def choose(
         if s.flops / flops_per_s < 2 * s.saved_bytes / disk_bytes_per_s:
             picked.append(s)
             excess_bytes -= s.saved_bytes
+    if excess_bytes > 0:
+        return []
     return sorted(picked, key=lambda s: s.index)
