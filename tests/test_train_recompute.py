@@ -55,7 +55,13 @@ def capped(data, tmp_path_factory):
         ) as cluster,
         Client(cluster) as client,
     ):
-        runs = {m: _fit(client, data, m) for m in ("spill", "recompute", "auto")}
+        runs = {m: _fit(client, data, m) for m in ("spill", "recompute")}
+        # auto with pinned rates (dask config): a slow disk makes recomputing pay, a
+        # fast one does not
+        for name, disk in (("auto_slow_disk", 1e6), ("auto_fast_disk", 1e12)):
+            speeds = {"dfdl.speeds.flops-per-s": 1e10, "dfdl.speeds.disk-bytes-per-s": disk}
+            with dask.config.set(speeds):
+                runs[name] = _fit(client, data, "auto")
         assert len(client.scheduler_info()["workers"]) == 2  # no worker lost
     return runs
 
@@ -72,15 +78,21 @@ def test_recompute_equals_spill_bit_for_bit(capped):
     assert sum(spill.history["spilled_bytes"]) > 0
 
 
-def test_auto_recomputes_when_the_plan_spills_and_changes_no_number(capped):
-    auto = capped["auto"]
+@pytest.mark.parametrize("name", ["auto_slow_disk", "auto_fast_disk"])
+def test_auto_changes_no_number(capped, name):
+    auto = capped[name]
     assert auto.history["loss"] == capped["spill"].history["loss"]
     for k in auto.params:
         np.testing.assert_array_equal(auto.params[k], capped["spill"].params[k], err_msg=k)
-    # at these sizes a conv segment recomputes faster than its activations spill, and
-    # recomputing them all brings the estimated working set under the workers' memory
-    assert set(auto.recomputed) <= set(capped["recompute"].recomputed)
-    assert auto.recomputed
+
+
+def test_auto_recomputes_what_is_cheaper_than_spilling(capped):
+    # at 1 MB/s every conv segment recomputes faster than its activations spill, and
+    # together they bring the estimated working set under the workers' memory
+    slow = capped["auto_slow_disk"].recomputed
+    assert slow and set(slow) <= set(capped["recompute"].recomputed)
+    # at 1 TB/s spilling is cheaper than any recomputation
+    assert capped["auto_fast_disk"].recomputed == []
 
 
 def test_unlimited_same_plan_equals_capped_recompute(capped, data, client):
