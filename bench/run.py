@@ -72,7 +72,9 @@ import time
 import numpy as np
 
 import dfdl
+from dfdl.graph.estimate import node_flops
 from dfdl.models import ZOO, example_inputs
+from dfdl.ops.registry import TensorType
 from dfdl.scheduler.cluster import default_workers, local_cluster, total_threads
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -147,23 +149,11 @@ def openblas_kernels() -> str:
 def forward_flops(model, batch: int, dims: dict) -> int:
     """Forward FLOPs of Gemm/MatMul/Conv/ConvTranspose from the plan's static shapes."""
     graph = dfdl.plan(model, batch_size=batch, dims=dims or None).graph
-    shape = {k: tuple(t.shape) for k, t in graph.types.items()}
+    types = dict(graph.types)
     for k, v in graph.initializers.items():
-        shape.setdefault(k, np.shape(v))
-    total = 0
-    for node in graph.nodes:
-        op = node.op_type
-        if op == "Gemm":
-            a = shape[node.inputs[0]]
-            k = a[0] if node.attrs.get("transA", 0) else a[1]
-            total += 2 * math.prod(shape[node.outputs[0]]) * k
-        elif op == "MatMul":
-            total += 2 * math.prod(shape[node.outputs[0]]) * shape[node.inputs[0]][-1]
-        elif op == "Conv":
-            total += 2 * math.prod(shape[node.outputs[0]]) * math.prod(shape[node.inputs[1]][1:])
-        elif op == "ConvTranspose":
-            total += 2 * math.prod(shape[node.inputs[0]]) * math.prod(shape[node.inputs[1]][1:])
-    return total
+        types.setdefault(k, TensorType(np.shape(v), np.asarray(v).dtype))
+    counted = ("Gemm", "MatMul", "Conv", "ConvTranspose")
+    return sum(node_flops(n, types) for n in graph.nodes if n.op_type in counted and not n.domain)
 
 
 def _stream_seconds(records: list[dict]) -> dict[str, float]:
