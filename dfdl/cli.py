@@ -115,6 +115,31 @@ def make_optimizer(args: argparse.Namespace):
 # ------------------------------------------------------------------------------ data
 
 
+def tls_security(args: argparse.Namespace):
+    """A ``Security`` from --tls-ca-file/--tls-cert/--tls-key, or None (dask's config)."""
+    given = [args.tls_ca_file, args.tls_cert, args.tls_key]
+    if not any(given):
+        return None
+    from dfdl.errors import ConfigError
+
+    if not (args.tls_ca_file and args.tls_cert):
+        raise ConfigError(
+            "TLS needs both --tls-ca-file and --tls-cert (and --tls-key unless "
+            "the certificate file holds the key)"
+        )
+    for flag, path in zip(("--tls-ca-file", "--tls-cert", "--tls-key"), given):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{flag} {path} does not exist")
+    from distributed.security import Security
+
+    return Security(
+        tls_ca_file=args.tls_ca_file,
+        tls_client_cert=args.tls_cert,
+        tls_client_key=args.tls_key,
+        require_encryption=True,
+    )
+
+
 def load_data(path: str, labels: str | None) -> tuple[Any, Any]:
     """``(X, y)`` for :func:`dfdl.train` from ``--data`` and ``--labels``.
 
@@ -210,9 +235,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         client = None
         if args.scheduler:
-            from distributed import Client
+            from dfdl.scheduler.cluster import open_client
 
-            client = stack.enter_context(Client(args.scheduler))
+            client = stack.enter_context(open_client(args.scheduler, tls_security(args)))
         start = time.perf_counter()
         result = dfdl.train(
             args.model,
@@ -550,6 +575,9 @@ def build_parser() -> Parser:
         "--seed", type=int, default=0, metavar="N", help="seed of the data order and Dropout"
     )
     p.add_argument("--scheduler", metavar="ADDRESS", help="a running Dask scheduler to use")
+    p.add_argument("--tls-ca-file", metavar="PEM", help="CA of a tls:// scheduler's cluster")
+    p.add_argument("--tls-cert", metavar="PEM", help="client certificate for a tls:// scheduler")
+    p.add_argument("--tls-key", metavar="PEM", help="client private key (if not in --tls-cert)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")

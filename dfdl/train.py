@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -35,6 +36,14 @@ from dfdl.scheduler.cluster import (
     worker_memory_limit,
 )
 from dfdl.scheduler.probe import cluster_speeds
+from dfdl.scheduler.recovery import (
+    MAX_ROLLBACKS,
+    Anchor,
+    AnchorPolicy,
+    is_lost_data,
+    rollback_error,
+    wait_for_workers,
+)
 from dfdl.scheduler.trainer import (
     ClusterState,
     Constants,
@@ -45,6 +54,8 @@ from dfdl.scheduler.trainer import (
     Throughput,
     run_steps,
 )
+
+logger = logging.getLogger("dfdl")
 
 #: steps per graph submission when ``unroll`` is not given
 DEFAULT_UNROLL = 4
@@ -72,6 +83,10 @@ class TrainResult:
             limit required it. Pass it as ``tiles=`` to repeat the same plan.
         recomputed: the forward nodes whose outputs the backward pass rebuilt instead
             of keeping (``memory="recompute"``, or what ``"auto"`` chose).
+        rollbacks: how often a lost worker took data Dask could not rebuild with it,
+            so that training went back to the initial weights or the latest
+            checkpoint and replayed the steps since (the result is the same either
+            way; see :mod:`dfdl.scheduler.recovery`).
     """
 
     history: dict[str, list] = field(default_factory=dict)
@@ -80,6 +95,7 @@ class TrainResult:
     timings: dict[str, float] = field(default_factory=dict)
     tiles: dict[str, int] | str | None = None
     recomputed: list[str] = field(default_factory=list)
+    rollbacks: int = 0
 
     def save(self, path) -> None:
         """Write the trained model as an ONNX file (onnxruntime runs it)."""
@@ -282,14 +298,14 @@ def train(
 
         first = plans(min(batch_size, n))
         carried = tg.carried()
-        state = ClusterState.scatter(c, {k: values[k] for k in carried}, first.plan.chunks)
-        token = new_token()
-        constants = Constants(c)
         for k in tg.frozen:  # float initializers that stay constant are inputs of the graph
             if k in tg.graph.inputs:
                 tg.graph.initializers.setdefault(k, _initial(graph, k))
+        anchor = Anchor(start, {k: values[k] for k in carried})
+        del values
         speed = Throughput()
         losses_by_step: dict[int, float] = {}
+        validated: dict[int, dict[str, float]] = {}
 
         def on_loss(step: int, value: float) -> None:
             losses_by_step[step] = value
@@ -301,55 +317,95 @@ def train(
                 bar.set_postfix(shown)
 
         collector = LossCollector(c, on_loss, SpillMeter(c))
-        group: list[StepInput] = []
+        anchors = AnchorPolicy()
         timings["setup_s"] = time.perf_counter() - t_start
-        for i, (step, _epoch, idx) in enumerate(schedule):
-            arrays = {graph.inputs[0]: X.batch(idx)}
-            if y is not None and not model_loss:
-                arrays[tg.labels] = y.batch(idx)
-            group.append(StepInput(step, arrays, feeds[step]))
-            last = i == len(schedule) - 1
-            ckpt_now = checkpoint_every and (step + 1) % checkpoint_every == 0
-            epoch_end = (step + 1) % per_epoch == 0
-            if len(group) >= unroll or last or ckpt_now or (epoch_end and validation):
-                state, losses = run_steps(
-                    c, plans, group, state, constants, seed=seed, token=token, timings=timings
+
+        def attempt() -> dict[str, np.ndarray]:
+            """Train from the anchor to the end of the schedule; the final carried values."""
+            nonlocal anchor
+            state = ClusterState.scatter(c, anchor.arrays, first.plan.chunks)
+            token = new_token()
+            constants = Constants(c)
+            group: list[StepInput] = []
+            for i, (step, epoch, idx) in enumerate(schedule):
+                if step < anchor.step:
+                    continue
+                arrays = {graph.inputs[0]: X.batch(idx)}
+                if y is not None and not model_loss:
+                    arrays[tg.labels] = y.batch(idx)
+                group.append(StepInput(step, arrays, feeds[step]))
+                last = i == len(schedule) - 1
+                ckpt_now = checkpoint_every and (step + 1) % checkpoint_every == 0
+                epoch_end = (step + 1) % per_epoch == 0
+                if len(group) >= unroll or last or ckpt_now or (epoch_end and validation):
+                    state, losses = run_steps(
+                        c, plans, group, state, constants, seed=seed, token=token, timings=timings
+                    )
+                    collector.add(losses)
+                    t_wait = time.perf_counter()
+                    collector.collect(keep_last=len(losses))
+                    timings["wait_s"] += time.perf_counter() - t_wait
+                    group = []
+                    if ckpt_now:
+                        collector.collect()
+                        arrays_now = state.gather(c, tg.graph.types)
+                        checkpoint.save(
+                            checkpoint_dir,
+                            step + 1,
+                            arrays_now,
+                            {"seed": seed, "batch_size": batch_size},
+                        )
+                        anchor = Anchor(step + 1, {k: arrays_now[k] for k in carried})
+                    elif not last and anchors.due():
+                        t_anchor = time.perf_counter()
+                        collector.collect()
+                        anchor = Anchor(step + 1, state.gather(c, tg.graph.types))
+                        anchors.taken(time.perf_counter() - t_anchor)
+                    if epoch_end and validation is not None:
+                        collector.collect()
+                        validated[epoch] = evaluate(
+                            c,
+                            graph,
+                            state,
+                            tg,
+                            validation,
+                            loss,
+                            options,
+                            batch_size,
+                            tiles,
+                            cores,
+                            limit,
+                        )
+            t_wait = time.perf_counter()
+            collector.collect(final=True)
+            out = state.gather(c, tg.graph.types)
+            timings["wait_s"] += time.perf_counter() - t_wait
+            return out
+
+        rollbacks = 0
+        while True:
+            try:
+                final = attempt()
+                break
+            except Exception as e:  # noqa: BLE001 - only lost data is retried
+                if not is_lost_data(e):
+                    raise
+                rollbacks += 1
+                if rollbacks > MAX_ROLLBACKS:
+                    raise rollback_error(e, rollbacks) from e
+                logger.warning(
+                    "dfdl: a worker was lost with data Dask cannot rebuild (%s); replaying "
+                    "from step %d (rollback %d of at most %d)",
+                    e,
+                    anchor.step,
+                    rollbacks,
+                    MAX_ROLLBACKS,
                 )
-                collector.add(losses)
-                t_wait = time.perf_counter()
-                collector.collect(keep_last=len(losses))
-                timings["wait_s"] += time.perf_counter() - t_wait
-                group = []
-                if ckpt_now:
-                    collector.collect()
-                    arrays_now = state.gather(c, tg.graph.types)
-                    checkpoint.save(
-                        checkpoint_dir,
-                        step + 1,
-                        arrays_now,
-                        {"seed": seed, "batch_size": batch_size},
-                    )
-                if epoch_end and validation is not None:
-                    collector.collect()
-                    metrics = evaluate(
-                        c,
-                        graph,
-                        state,
-                        tg,
-                        validation,
-                        loss,
-                        options,
-                        batch_size,
-                        tiles,
-                        cores,
-                        limit,
-                    )
-                    for k, v in metrics.items():
-                        history.setdefault(f"val_{k}", []).append(v)
-        t_wait = time.perf_counter()
-        collector.collect(final=True)
-        final = state.gather(c, tg.graph.types)
-        timings["wait_s"] += time.perf_counter() - t_wait
+                collector.drop_pending()
+                if bar is not None:
+                    bar.n = anchor.step
+                    bar.refresh()
+                wait_for_workers(c)
     if bar is not None:
         bar.close()
     done = sorted(losses_by_step)
@@ -357,6 +413,9 @@ def train(
     history["loss"] = [losses_by_step[s] for s in done]
     history["spilled_bytes"] = [written for written, _ in spilled]
     history["unspilled_bytes"] = [read for _, read in spilled]
+    for epoch in sorted(validated):
+        for k, v in validated[epoch].items():
+            history.setdefault(f"val_{k}", []).append(v)
     params = {k: final[k] for k in tg.params + tg.buffers}
     timings["total_s"] = time.perf_counter() - t_start
     return TrainResult(
@@ -366,6 +425,7 @@ def train(
         timings,
         first.plan.tiles,
         sorted(set(first.tg.recomputed.values())),
+        rollbacks,
     )
 
 

@@ -6,8 +6,11 @@ fails or finishes before any cluster starts.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +111,43 @@ def test_train_npy_data_with_labels_checkpoints_and_resumes(work):
     assert r.returncode == 0, r.stderr
     assert "epoch 1: steps 3-3" in r.stdout  # only the step after the checkpoint ran
     assert "trained 1 steps" in r.stdout
+
+
+def test_killed_client_resumes_from_the_latest_checkpoint(work):
+    """The client process, its embedded scheduler and workers killed (SIGKILL, the whole
+    process group, as when the client's node dies) after a checkpoint: ``--resume``
+    finishes the run, with the weights of a run that was never interrupted."""
+    common = (
+        "mlp.onnx", "--data", "data.npz", "--batch-size", "4", "--optimizer", "adam",
+        "--epochs", "40", "--checkpoint-dir", "ckpt-kill", "--checkpoint-every", "5",
+    )  # fmt: skip
+    r = dfdl_cli("train", *common[:-4], "-o", "whole.onnx", cwd=work)
+    assert r.returncode == 0, r.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dfdl", "train", *common, "-o", "killed.onnx"],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    latest = work / "ckpt-kill" / "latest"
+    try:
+        deadline = time.monotonic() + 120
+        while not latest.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert latest.is_file(), "no checkpoint was written before the kill"
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it was killed"
+    assert not (work / "killed.onnx").exists()
+    r = dfdl_cli("train", *common, "--resume", "-o", "resumed.onnx", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "steps 1-" not in r.stdout  # it started from the checkpoint, not from step 1
+    whole, resumed = _params(work / "whole.onnx"), _params(work / "resumed.onnx")
+    assert whole.keys() == resumed.keys()
+    for k in whole:
+        np.testing.assert_array_equal(resumed[k], whole[k], err_msg=k)
 
 
 # ---- help, version -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
 
@@ -195,6 +196,47 @@ def connect(client=None) -> Iterator:
 
     with local_cluster() as cluster, Client(cluster) as c:
         yield c
+
+
+def open_client(address: str, security=None, timeout: float = 30.0):
+    """A ``distributed.Client`` for the scheduler at ``address``, or a ConfigError that
+    says why not (unreachable, or TLS credentials missing or not trusted).
+
+    Args:
+        address: the scheduler, e.g. ``"tcp://node1:8786"`` or ``"tls://node1:8786"``.
+        security: a ``distributed.security.Security``; default: dask's
+            ``distributed.comm.tls`` config (also set by ``DASK_DISTRIBUTED__COMM__TLS__*``
+            environment variables).
+        timeout: seconds to wait for the connection.
+
+    Example:
+        >>> from distributed.security import Security
+        >>> client = open_client("tls://node1:8786", Security(  # doctest: +SKIP
+        ...     tls_ca_file="ca.pem", tls_client_cert="me.pem", tls_client_key="me.key",
+        ...     require_encryption=True))
+    """
+    from distributed import Client
+
+    from dfdl.errors import ConfigError
+
+    tls = str(address).startswith("tls://")
+    hint = (
+        " Give the cluster's CA and a client certificate and key (dfdl train --tls-ca-file, "
+        "--tls-cert, --tls-key, or dask's distributed.comm.tls config)."
+        if tls
+        else " Check the address, and that the scheduler is running and reachable from here."
+    )
+    try:
+        return Client(address, security=security, timeout=timeout)
+    except (OSError, TypeError, ValueError) as e:
+        detail = " ".join(str(e).split()) or type(e).__name__
+        if tls and isinstance(e, TypeError):  # distributed's words for "no TLS context"
+            detail = "no TLS credentials were given"
+    # raised outside the except block, with no link to the connection error: its traceback
+    # holds the half-started Client, whose __del__ deadlocks if it runs later, inside
+    # the start of another Client
+    gc.collect()
+    raise ConfigError(f"cannot connect to the scheduler at {address}: {detail}.{hint}")
 
 
 def total_threads(client) -> int:

@@ -183,7 +183,9 @@ def run_steps(
                 s.step,
             )
         for name in _read_constants(plan):
-            sources[name] = constants.tiles(name, plan.graph.initializers[name], plan.chunks[name])
+            sources[name] = constants.tiles(
+                name, plan.graph.initializers[name], plan.chunks[name], dsk
+            )
         tasks, outs = lower(plan, sources, step=s.step, attrs=tg.seeds(seed, s.step), token=token)
         dsk.update(tasks)
         for name in tg.carried():
@@ -214,19 +216,38 @@ def run_steps(
 
 
 class Constants:
-    """Constant tensors (folded constants, frozen weights) scattered once per chunking."""
+    """Constant tensors (folded constants, frozen weights), keyed once per chunking.
+
+    Tiles up to :data:`EMBED_BYTES` travel inside every graph that reads them, under the
+    same keys each time: the scheduler keeps the tiles it has, and can rebuild one that
+    died with a worker. Larger tiles are scattered once (a lost one makes training roll
+    back, see :mod:`dfdl.scheduler.recovery`).
+    """
 
     def __init__(self, client):
         self.client = client
+        self.token = new_token()
         self.cache: dict[tuple, dict] = {}
+        self.embedded: dict[tuple, dict] = {}
 
-    def tiles(self, name: str, value: np.ndarray, chunks: tuple) -> dict:
+    def tiles(self, name: str, value: np.ndarray, chunks: tuple, dsk: dict) -> dict:
+        """Refs to the tiles of ``value`` in ``chunks``; adds embedded ones to ``dsk``."""
         key = (name, tuple(chunks))
-        if key not in self.cache:
-            self.cache[key] = ClusterState.scatter(self.client, {name: value}, {name: chunks}).refs[
-                name
-            ]
-        return self.cache[key]
+        if key in self.cache:
+            return self.cache[key]
+        if key not in self.embedded:
+            tiles = split_tiles(np.asarray(value), chunks)
+            if max(t.nbytes for t in tiles.values()) > EMBED_BYTES:
+                self.cache[key] = ClusterState.scatter(
+                    self.client, {name: value}, {name: chunks}
+                ).refs[name]
+                return self.cache[key]
+            base = task_name(f"{name}-const-{len(self.embedded)}", self.token)
+            self.embedded[key] = {idx: DataNode((base, *idx), t) for idx, t in tiles.items()}
+        nodes = self.embedded[key]
+        for node in nodes.values():
+            dsk[node.key] = node
+        return {idx: TaskRef(node.key) for idx, node in nodes.items()}
 
 
 def _read_constants(plan: Plan) -> list[str]:
@@ -402,6 +423,11 @@ class LossCollector:
 
     def add(self, losses: list[tuple[int, Any]]) -> None:
         self.pending.extend(losses)
+
+    def drop_pending(self) -> None:
+        """Forget the losses not gathered yet (their steps are about to be replayed)."""
+        self.pending = []
+        self.unmetered = []
 
     def collect(self, keep_last: int = 0, final: bool = False) -> None:
         """Gather all pending losses except the newest ``keep_last``."""

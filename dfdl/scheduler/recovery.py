@@ -1,0 +1,116 @@
+"""Surviving lost workers: what counts as lost data, and the anchor training rolls back to.
+
+Dask recomputes a lost tile from its task when the task's inputs can still be had: the
+intermediate tiles of the steps in flight, and the constants and small batch tiles,
+which travel inside the graph. What it cannot rebuild is data that was handed to it
+rather than computed: the weights scattered at the start, a large batch tile, or a
+carried tile whose lineage the scheduler has already forgotten. Then the step's futures
+are cancelled, and the trainer rolls back to its :class:`Anchor` (the initial weights,
+the latest checkpoint it wrote, or the latest copy it gathered by itself as
+:class:`AnchorPolicy` allows), sends it again and replays the steps since. Every
+step is a pure function of the previous state, the step's batch and its seeds, so the
+replayed run ends with the same weights, bit for bit, as one that never lost a worker.
+
+Example:
+    >>> from distributed.client import FutureCancelledError
+    >>> is_lost_data(FutureCancelledError("k", reason="lost dependencies"))
+    True
+    >>> is_lost_data(ValueError("a bug"))
+    False
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import CancelledError
+from dataclasses import dataclass
+
+import dask
+import numpy as np
+from distributed.comm.core import CommClosedError
+
+from dfdl.errors import TrainingError
+
+logger = logging.getLogger("dfdl")
+
+#: rollbacks one ``dfdl.train`` call makes before it gives up; each one needs a worker
+#: to die again, so more than a few means the cluster itself is failing
+MAX_ROLLBACKS = 5
+
+#: seconds to wait for at least one worker after a loss (a nanny restarts a killed
+#: worker within seconds; a job queue may take longer to replace a node)
+WORKER_WAIT_S = 300.0
+
+
+def is_lost_data(exc: BaseException) -> bool:
+    """Whether ``exc`` means data died with a worker (as opposed to a failing task)."""
+    return isinstance(exc, (CancelledError, CommClosedError))
+
+
+@dataclass
+class Anchor:
+    """A step the trainer can restart from: the carried tensors after ``step`` steps,
+    held on the client (the initial values, then each checkpoint as it is written)."""
+
+    step: int
+    arrays: dict[str, np.ndarray]
+
+
+def wait_for_workers(client, timeout: float = WORKER_WAIT_S) -> None:
+    """Block until the cluster has a running worker again, or raise TrainingError."""
+    try:
+        client.wait_for_workers(1, timeout=timeout)
+    except TimeoutError:
+        raise TrainingError(
+            f"every worker was lost and none came back within {timeout:.0f} s; training "
+            "stopped. Restart the workers and resume from the latest checkpoint "
+            "(resume=True with checkpoint_dir)."
+        ) from None
+
+
+def rollback_error(exc: BaseException, rollbacks: int) -> TrainingError:
+    """The error once workers have been lost more often than :data:`MAX_ROLLBACKS`."""
+    return TrainingError(
+        f"workers were lost {rollbacks} times during this run (last: {exc}); training "
+        "stopped. Check the workers' logs for why they die (memory limits, node "
+        "failures), then resume from the latest checkpoint (resume=True)."
+    )
+
+
+class AnchorPolicy:
+    """When the trainer gathers the carried tensors to the client as a new anchor.
+
+    Gathering costs a pause of the pipeline and a transfer of every weight, so anchors
+    are taken only when the time since the last one is at least ``1 / overhead`` times
+    what the last one cost (at most ``overhead`` of the run, 5% by default), and the
+    first one after ``first_after`` seconds. The dask config keys
+    ``dfdl.recovery.anchor-overhead`` and ``dfdl.recovery.first-anchor-s`` set both
+    (an overhead of 0 turns self-taken anchors off; checkpoints are anchors anyway).
+
+    Example:
+        >>> policy = AnchorPolicy(overhead=0.5, first_after=0.0)
+        >>> policy.due()
+        True
+        >>> policy.taken(cost=10.0)
+        >>> policy.due()  # the next one after 10 / 0.5 = 20 s
+        False
+    """
+
+    def __init__(self, overhead: float | None = None, first_after: float | None = None):
+        if overhead is None:
+            overhead = dask.config.get("dfdl.recovery.anchor-overhead", 0.05)
+        if first_after is None:
+            first_after = dask.config.get("dfdl.recovery.first-anchor-s", 60.0)
+        self.overhead = float(overhead)
+        self.wait = float(first_after)
+        self.t_last = time.perf_counter()
+
+    def due(self) -> bool:
+        """Whether an anchor should be taken now."""
+        return self.overhead > 0 and time.perf_counter() - self.t_last >= self.wait
+
+    def taken(self, cost: float) -> None:
+        """Record an anchor that took ``cost`` seconds."""
+        self.t_last = time.perf_counter()
+        self.wait = cost / self.overhead if self.overhead > 0 else float("inf")

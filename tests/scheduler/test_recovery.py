@@ -1,0 +1,148 @@
+"""A worker killed (SIGKILL) mid-training: training goes on, and the weights are the same.
+
+A scheduler plugin counts the tasks that finish; at a random count (a random task of a
+random step) it kills, with SIGKILL, the worker process that just ran that task. Dask
+recomputes what it can; what it cannot (the scattered weights, carried tiles whose
+lineage it has forgotten) makes the trainer roll back to its anchor and replay. Either
+way the final weights must equal an uninterrupted run's bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+from concurrent.futures import CancelledError
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client
+from distributed.client import FutureCancelledError
+from distributed.comm.core import CommClosedError
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+import dfdl
+import dfdl.models
+from dfdl.errors import TrainingError
+from dfdl.scheduler.recovery import AnchorPolicy, is_lost_data
+
+SIZES = (32, 256, 256, 10)
+BATCH = 64
+STEPS = 16
+TRIALS = 5
+
+
+class KillAtTask(SchedulerPlugin):
+    """Kills the worker that finishes the ``at``-th task (counting from 1); 0: never."""
+
+    def __init__(self, pids: dict[str, int], at: int):
+        self.pids, self.at, self.count, self.killed = pids, at, 0, None
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if finish != "memory" or start != "processing":
+            return
+        self.count += 1
+        if self.count == self.at and self.killed is None:
+            worker = kwargs.get("worker")
+            victim = worker if worker in self.pids else sorted(self.pids)[0]
+            os.kill(self.pids[victim], signal.SIGKILL)
+            self.killed = (victim, key)
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH * STEPS, SIZES[0]), dtype=np.float32)
+    return x, rng.integers(0, SIZES[-1], BATCH * STEPS)
+
+
+def _train(client) -> dfdl.TrainResult:
+    return dfdl.train(
+        dfdl.models.mlp(SIZES),
+        data=_data(),
+        loss="cross_entropy",
+        optimizer=dfdl.optim.Adam(lr=1e-3),
+        batch_size=BATCH,
+        steps=STEPS,
+        client=client,
+        tiles={"batch": 2, "model": 2},
+        unroll=2,
+        progress=False,
+    )
+
+
+def _run(cluster, client, at: int) -> tuple[dfdl.TrainResult, KillAtTask]:
+    client.wait_for_workers(2, timeout=60)
+    plugin = KillAtTask(client.run(os.getpid), at)
+    cluster.scheduler.add_plugin(plugin, name="kill-at-task")
+    try:
+        return _train(client), plugin
+    finally:
+        cluster.scheduler.remove_plugin(name="kill-at-task")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with dfdl.LocalCluster(2) as cluster, Client(cluster) as client:
+        reference, counted = _run(cluster, client, at=0)
+        yield cluster, client, reference, counted.count
+
+
+def _assert_same(got: dfdl.TrainResult, want: dfdl.TrainResult) -> None:
+    assert got.params.keys() == want.params.keys()
+    for k in want.params:
+        np.testing.assert_array_equal(got.params[k], want.params[k], err_msg=k)
+    assert got.history["loss"] == want.history["loss"]
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_killed_worker_gives_the_same_weights(cluster, trial):
+    cl, client, reference, tasks = cluster
+    at = int(np.random.default_rng(trial).integers(1, tasks))
+    got, plugin = _run(cl, client, at)
+    assert plugin.killed is not None, f"no worker killed at task {at} of {tasks}"
+    _assert_same(got, reference)
+    print(f"killed {plugin.killed} at task {at} of {tasks}: {got.rollbacks} rollback(s)")
+
+
+def test_replay_starts_from_the_latest_anchor(cluster, caplog):
+    """With an anchor after every submission, a loss late in the run replays only the
+    steps since: still the same weights (the anchors do not change the numbers)."""
+    cl, client, reference, tasks = cluster
+    config = {"dfdl.recovery.anchor-overhead": 1e9, "dfdl.recovery.first-anchor-s": 0.0}
+    with dask.config.set(config), caplog.at_level(logging.WARNING, logger="dfdl"):
+        got, plugin = _run(cl, client, at=tasks * 3 // 4)
+    assert plugin.killed is not None
+    _assert_same(got, reference)
+    starts = [int(m) for m in re.findall(r"replaying from step (\d+)", caplog.text)]
+    assert len(starts) == got.rollbacks >= 1
+    assert min(starts) >= STEPS // 2
+
+
+def test_too_many_losses_stop_with_a_training_error(cluster, monkeypatch):
+    cl, client, _reference, tasks = cluster
+    monkeypatch.setattr(sys.modules["dfdl.train"], "MAX_ROLLBACKS", 0)
+    with pytest.raises(TrainingError, match="workers were lost 1 times"):
+        _run(cl, client, at=tasks // 2)
+
+
+def test_lost_data_errors():
+    assert is_lost_data(FutureCancelledError("k", reason="lost dependencies"))
+    assert is_lost_data(CancelledError())
+    assert is_lost_data(CommClosedError("in <TCP>: Stream is closed"))
+    assert not is_lost_data(TrainingError("the loss is nan"))
+    assert not is_lost_data(ValueError("a bug in a kernel"))
+
+
+def test_anchor_policy_bounds_the_overhead():
+    policy = AnchorPolicy(overhead=0.05, first_after=0.0)
+    assert policy.due()
+    policy.taken(cost=1.0)  # the next one 20 s later
+    assert not policy.due()
+    policy.t_last -= 19.0
+    assert not policy.due()
+    policy.t_last -= 1.5
+    assert policy.due()
+    assert not AnchorPolicy(overhead=0.0, first_after=0.0).due()  # off
