@@ -7,7 +7,7 @@ Example:
 
 from __future__ import annotations
 
-from dfdl import errors, optim
+from dfdl import cluster, errors, optim
 from dfdl.api import load, plan, run
 from dfdl.onnx_backend import DfdlBackend
 from dfdl.scheduler.cluster import local_cluster as LocalCluster
@@ -22,6 +22,7 @@ __all__ = [
     "LocalCluster",
     "TrainResult",
     "backend",
+    "cluster",
     "errors",
     "load",
     "optim",

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -113,6 +114,22 @@ def make_optimizer(args: argparse.Namespace):
 
 
 # ------------------------------------------------------------------------------ data
+
+
+@contextlib.contextmanager
+def slurm_client(spec: str):
+    """A client of SLURM jobs started from ``--slurm`` (cancelled on exit), once every
+    job's workers have connected."""
+    from distributed import Client
+
+    import dfdl.cluster
+
+    options = dfdl.cluster.parse_slurm(spec)
+    with dfdl.cluster.slurm(**options) as cluster, Client(cluster) as client:
+        n = options.get("jobs", 1) * options.get("processes", 1)
+        print(f"waiting for {n} Dask workers from SLURM jobs (squeue shows them)", flush=True)
+        client.wait_for_workers(n)
+        yield client
 
 
 def tls_security(args: argparse.Namespace):
@@ -217,12 +234,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         >>> main(["train", "mlp.onnx", "--data", "d.npz", "-o", "out.onnx"])  # doctest: +SKIP
         0
     """
-    import contextlib
 
     import dfdl
     from dfdl.data import as_source
     from dfdl.data.order import steps_per_epoch
-    from dfdl.errors import DataError
+    from dfdl.errors import ConfigError, DataError
     from dfdl.losses import LOSSES
 
     _check_output(args.output)
@@ -234,10 +250,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     optimizer = make_optimizer(args)
     with contextlib.ExitStack() as stack:
         client = None
+        if args.scheduler and args.slurm:
+            raise ConfigError("give --scheduler or --slurm, not both")
         if args.scheduler:
             from dfdl.scheduler.cluster import open_client
 
             client = stack.enter_context(open_client(args.scheduler, tls_security(args)))
+        elif args.slurm:
+            client = stack.enter_context(slurm_client(args.slurm))
         start = time.perf_counter()
         result = dfdl.train(
             args.model,
@@ -575,6 +595,13 @@ def build_parser() -> Parser:
         "--seed", type=int, default=0, metavar="N", help="seed of the data order and Dropout"
     )
     p.add_argument("--scheduler", metavar="ADDRESS", help="a running Dask scheduler to use")
+    p.add_argument(
+        "--slurm",
+        metavar="SPEC",
+        help="train on SLURM jobs started for this run (dask-jobqueue), e.g. "
+        "jobs=4,cores=16,memory=64GiB,walltime=02:00:00; also processes, partition, "
+        "account, gpus, local_directory, interface",
+    )
     p.add_argument("--tls-ca-file", metavar="PEM", help="CA of a tls:// scheduler's cluster")
     p.add_argument("--tls-cert", metavar="PEM", help="client certificate for a tls:// scheduler")
     p.add_argument("--tls-key", metavar="PEM", help="client private key (if not in --tls-cert)")

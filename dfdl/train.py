@@ -35,6 +35,7 @@ from dfdl.scheduler.cluster import (
     total_threads,
     worker_memory_limit,
 )
+from dfdl.scheduler.monitor import Reporter
 from dfdl.scheduler.probe import cluster_speeds
 from dfdl.scheduler.recovery import (
     MAX_ROLLBACKS,
@@ -309,6 +310,7 @@ def train(
 
         def on_loss(step: int, value: float) -> None:
             losses_by_step[step] = value
+            reporter.step(step, value)
             if bar is not None:
                 bar.update(1)
                 shown = {"loss": f"{value:.4g}", "samples_s": f"{speed.add(batch_size):.0f}"}
@@ -318,6 +320,14 @@ def train(
 
         collector = LossCollector(c, on_loss, SpillMeter(c))
         anchors = AnchorPolicy()
+        reporter = Reporter(
+            c,
+            f"{_model_name(model, proto)}-{new_token()}",
+            model=_model_name(model, proto),
+            batch_size=batch_size,
+            total=total,
+            threads=cores,
+        )
         timings["setup_s"] = time.perf_counter() - t_start
 
         def attempt() -> dict[str, np.ndarray]:
@@ -325,6 +335,7 @@ def train(
             nonlocal anchor
             state = ClusterState.scatter(c, anchor.arrays, first.plan.chunks)
             token = new_token()
+            reporter.token(token)
             constants = Constants(c)
             group: list[StepInput] = []
             for i, (step, epoch, idx) in enumerate(schedule):
@@ -344,6 +355,7 @@ def train(
                     collector.add(losses)
                     t_wait = time.perf_counter()
                     collector.collect(keep_last=len(losses))
+                    reporter.flush()
                     timings["wait_s"] += time.perf_counter() - t_wait
                     group = []
                     if ckpt_now:
@@ -376,6 +388,7 @@ def train(
                             cores,
                             limit,
                         )
+                        reporter.validation(step + 1, validated[epoch])
             t_wait = time.perf_counter()
             collector.collect(final=True)
             out = state.gather(c, tg.graph.types)
@@ -386,8 +399,11 @@ def train(
         while True:
             try:
                 final = attempt()
+                reporter.end("done")
                 break
             except Exception as e:  # noqa: BLE001 - only lost data is retried
+                if not is_lost_data(e) or rollbacks >= MAX_ROLLBACKS:
+                    reporter.end("failed")
                 if not is_lost_data(e):
                     raise
                 rollbacks += 1
@@ -402,6 +418,7 @@ def train(
                     MAX_ROLLBACKS,
                 )
                 collector.drop_pending()
+                reporter.rollback(anchor.step)
                 if bar is not None:
                     bar.n = anchor.step
                     bar.refresh()
@@ -427,6 +444,15 @@ def train(
         sorted(set(first.tg.recomputed.values())),
         rollbacks,
     )
+
+
+def _model_name(model, proto: onnx.ModelProto) -> str:
+    """A short name for the dashboard: the file's stem, else the ONNX graph's name."""
+    if isinstance(model, str) or hasattr(model, "__fspath__"):
+        from pathlib import Path
+
+        return Path(model).stem
+    return proto.graph.name or "model"
 
 
 def _memory_mode(sp: StepPlan, memory: str, client) -> StepPlan:

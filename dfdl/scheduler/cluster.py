@@ -82,7 +82,9 @@ def local_cluster(n_workers: int | None = None, **kwargs):
             ``threads_per_worker`` says otherwise.
         **kwargs: passed to ``distributed.LocalCluster``: ``memory_limit`` (bytes, or
             a string like ``"2GiB"``, per worker process), ``local_directory`` (where
-            workers spill), ``threads_per_worker``, ``dashboard_address``...
+            workers spill), ``threads_per_worker``, ``dashboard_address`` (default
+            None: no dashboard; with one, it has dfdl's page, see
+            :mod:`dfdl.dashboard`), ``security``...
 
     Example:
         >>> cluster = dfdl.LocalCluster(2, memory_limit="1GiB",  # doctest: +SKIP
@@ -99,6 +101,9 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     from distributed import Client
 
     from dfdl.scheduler import latency
+
+    if kwargs["dashboard_address"] is not None:
+        import dfdl.dashboard  # noqa: F401 - adds the dfdl page before the scheduler starts
 
     with dask.config.set({**DASK_CONFIG, **malloc_config(kwargs.get("memory_limit"))}):
         cluster = LocalCluster(n_workers=n_workers, **kwargs)
