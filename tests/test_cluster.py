@@ -121,6 +121,26 @@ def test_trains_on_two_slurm_jobs_spilling_with_the_local_numbers(slurm_node, tm
     assert "RUNNING" not in left.stdout  # closing the cluster cancelled the jobs
 
 
+def test_slurm_jobs_over_tls_with_temporary_credentials(slurm_node, tmp_path):
+    """security=True: the scheduler and the jobs' workers speak tls:// with throwaway
+    credentials written where the jobs read them; a client without them is refused."""
+    from distributed.security import Security
+
+    from dfdl.scheduler.cluster import open_client
+
+    with (
+        _slurm_cluster(tmp_path, jobs=1, security=True, shared_temp_directory=str(tmp_path)) as cl,
+        Client(cl) as client,
+    ):
+        client.wait_for_workers(1, timeout=120)
+        assert cl.scheduler_address.startswith("tls://")
+        assert all(a.startswith("tls://") for a in client.scheduler_info()["workers"])
+        result = _train(client)
+        assert len(result.history["loss"]) == STEPS
+        with pytest.raises(ConfigError, match="cannot connect"):
+            open_client(cl.scheduler_address, Security.temporary(), timeout=5)
+
+
 def test_command_line_trains_on_slurm(slurm_node, tmp_path):
     onnx.save(dfdl.models.mlp((16, 32, 4)), str(tmp_path / "mlp.onnx"))
     rng = np.random.default_rng(0)
