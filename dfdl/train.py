@@ -14,6 +14,7 @@ import dask
 import numpy as np
 import onnx
 from dask.utils import format_bytes
+from distributed.scheduler import KilledWorker
 from onnx import numpy_helper
 
 from dfdl.data.order import batch_plan, steps_per_epoch
@@ -42,6 +43,7 @@ from dfdl.scheduler.recovery import (
     Anchor,
     AnchorPolicy,
     is_lost_data,
+    killed_worker_error,
     rollback_error,
     wait_for_workers,
 )
@@ -404,6 +406,8 @@ def train(
             except Exception as e:  # noqa: BLE001 - only lost data is retried
                 if not is_lost_data(e) or rollbacks >= MAX_ROLLBACKS:
                     reporter.end("failed")
+                if isinstance(e, KilledWorker):
+                    raise killed_worker_error(e) from e
                 if not is_lost_data(e):
                     raise
                 rollbacks += 1

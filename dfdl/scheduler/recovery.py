@@ -114,3 +114,27 @@ class AnchorPolicy:
         """Record an anchor that took ``cost`` seconds."""
         self.t_last = time.perf_counter()
         self.wait = cost / self.overhead if self.overhead > 0 else float("inf")
+
+
+def describe_key(key) -> str:
+    """``"node 'conv1' (bwd) of step 3"`` for a dfdl task key, else the key itself."""
+    if isinstance(key, tuple) and key and isinstance(key[0], str):
+        name = key[0].rsplit("-", 1)[0]  # drop the run's token
+        node, _, phase = name.rpartition("-")
+        step = f" of step {key[1]}" if len(key) > 1 and isinstance(key[1], int) else ""
+        if node:
+            return f"node {node!r} ({phase}){step}"
+    return f"task {key!r}"
+
+
+def killed_worker_error(exc) -> TrainingError:
+    """A TrainingError for Dask's ``KilledWorker``: a task whose workers all died."""
+    return TrainingError(
+        f"{describe_key(exc.task)} was running on {exc.allowed_failures + 1} workers that "
+        f"all died (the last: {exc.last_worker.address}); training stopped. A task that "
+        "kills every worker it runs on usually needs more memory than a worker has (the "
+        "nanny restarts workers above distributed.worker.memory.terminate) or crashed in "
+        "native code: read the workers' logs, give the workers more memory (dfdl plans "
+        "tiles for the workers' memory_limit), then resume from the latest checkpoint "
+        "(resume=True)."
+    )

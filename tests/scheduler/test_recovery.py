@@ -27,7 +27,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 import dfdl
 import dfdl.models
 from dfdl.errors import TrainingError
-from dfdl.scheduler.recovery import AnchorPolicy, is_lost_data
+from dfdl.scheduler.recovery import AnchorPolicy, describe_key, is_lost_data
 
 SIZES = (32, 256, 256, 10)
 BATCH = 64
@@ -126,6 +126,79 @@ def test_too_many_losses_stop_with_a_training_error(cluster, monkeypatch):
     monkeypatch.setattr(sys.modules["dfdl.train"], "MAX_ROLLBACKS", 0)
     with pytest.raises(TrainingError, match="workers were lost 1 times"):
         _run(cl, client, at=tasks // 2)
+
+
+class PoisonTask(SchedulerPlugin):
+    """Kills the worker of every attempt at one task: ``node`` at ``step``, any run."""
+
+    def __init__(self, scheduler, node: str, step: int):
+        self.scheduler, self.node, self.step, self.kills = scheduler, node, step, 0
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if finish != "processing" or not isinstance(key, tuple) or key[1] != self.step:
+            return
+        if key[0].rsplit("-", 1)[0] != self.node:
+            return
+        ws = self.scheduler.tasks[key].processing_on
+        if ws is not None and ws.pid:
+            os.kill(ws.pid, signal.SIGKILL)
+            self.kills += 1
+
+
+def test_task_that_kills_its_workers_stops_with_a_training_error(cluster, monkeypatch):
+    """A task whose worker dies every time it runs (as one needing more memory than a
+    worker has): no hang, no bare KilledWorker, but a TrainingError, whether Dask gives
+    up on the task first or the trainer runs out of rollbacks."""
+    cl, client, _reference, _tasks = cluster
+    client.wait_for_workers(2, timeout=60)
+    monkeypatch.setattr(sys.modules["dfdl.train"], "MAX_ROLLBACKS", 1)
+    plugin = PoisonTask(cl.scheduler, "layers.1-fwd", step=1)
+    cl.scheduler.add_plugin(plugin, name="poison")
+    before, cl.scheduler.allowed_failures = cl.scheduler.allowed_failures, 0
+    try:
+        with pytest.raises(TrainingError) as info:
+            _train(client)
+    finally:
+        cl.scheduler.allowed_failures = before
+        cl.scheduler.remove_plugin(name="poison")
+    assert plugin.kills >= 1
+    message = str(info.value)
+    # Dask gives up on every task that was running on the killed worker, so the task
+    # named may be the poisoned one or a neighbour
+    died = r"node '[\w.]+' \(\w+\) of step \d+ was running on 1 workers that all died"
+    assert re.search(died, message) or "workers were lost 2 times" in message, message
+    assert "resume" in message
+
+
+def test_killed_worker_message_names_the_node():
+    from distributed.core import Status
+    from distributed.scheduler import KilledWorker, WorkerState
+
+    from dfdl.scheduler.recovery import killed_worker_error
+
+    worker = WorkerState(
+        address="tcp://10.0.0.7:4242",
+        status=Status.running,
+        pid=1,
+        name="w",
+        nthreads=1,
+        memory_limit=2**30,
+        local_directory="/tmp",
+        nanny="tcp://10.0.0.7:4243",
+        server_id="s",
+    )
+    err = killed_worker_error(KilledWorker(("conv1-fwd-0123abcd", 5, 0, 2), worker, 3))
+    assert str(err).startswith(
+        "node 'conv1' (fwd) of step 5 was running on 4 workers that all died (the last: "
+        "tcp://10.0.0.7:4242); training stopped."
+    )
+
+
+def test_describe_key():
+    assert describe_key(("conv1.ConvGradWeight-bwd-0123abcd", 3, 0, 1)) == (
+        "node 'conv1.ConvGradWeight' (bwd) of step 3"
+    )
+    assert describe_key("plain") == "task 'plain'"
 
 
 def test_lost_data_errors():
