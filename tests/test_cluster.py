@@ -24,10 +24,9 @@ import dfdl.models
 from dfdl.cluster import parse_slurm
 from dfdl.errors import ConfigError
 from tests.slurm_node import SingleNodeSlurm, missing
+from tests.test_train_spill import BATCH, SIZES, STEPS
+from tests.test_train_spill import _train as train_spilling
 
-SIZES = (512, 1024, 1024, 1024, 1024, 10)  # as tests/test_train_spill.py: 4x the limits
-BATCH = 128
-STEPS = 2
 JOB_MEMORY = "4MiB"  # one worker per job
 #: Dask's process-memory checks off: the limit is far below a Python process's footprint,
 #: and the bytes Dask manages (tiles) are what it bounds
@@ -39,25 +38,11 @@ MANAGED_ONLY = {
 }
 
 
-def _data():
+def _train(client, tiles=None) -> dfdl.TrainResult:
+    """The spill test's model, data and optimizer (``tests/test_train_spill.py``)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH * STEPS, SIZES[0]), dtype=np.float32)
-    return x, rng.integers(0, SIZES[-1], BATCH * STEPS)
-
-
-def _train(client, tiles=None) -> dfdl.TrainResult:
-    return dfdl.train(
-        dfdl.models.mlp(SIZES),
-        data=_data(),
-        loss="cross_entropy",
-        optimizer=dfdl.optim.SGD(lr=0.01, momentum=0.9),
-        batch_size=BATCH,
-        steps=STEPS,
-        shuffle=False,
-        client=client,
-        tiles=tiles,
-        progress=False,
-    )
+    return train_spilling(client, (x, rng.integers(0, SIZES[-1], BATCH * STEPS)), tiles)
 
 
 def _daemons_alive(pids: list[int]) -> list[int]:

@@ -116,15 +116,28 @@ class AnchorPolicy:
         self.wait = cost / self.overhead if self.overhead > 0 else float("inf")
 
 
+#: the phases in dfdl task names (``f"{node}-{phase}[-partial|-sum...]-{token}"``)
+PHASES = ("fwd", "loss", "bwd", "update", "recompute")
+
+
 def describe_key(key) -> str:
-    """``"node 'conv1' (bwd) of step 3"`` for a dfdl task key, else the key itself."""
-    if isinstance(key, tuple) and key and isinstance(key[0], str):
-        name = key[0].rsplit("-", 1)[0]  # drop the run's token
-        node, _, phase = name.rpartition("-")
-        step = f" of step {key[1]}" if len(key) > 1 and isinstance(key[1], int) else ""
-        if node:
-            return f"node {node!r} ({phase}){step}"
-    return f"task {key!r}"
+    """``"node 'conv1' (bwd) of step 3"`` for a dfdl task key, else the key itself.
+
+    Example:
+        >>> describe_key(("layers.1-fwd-partial-0123abcd", 1, 0, 0, 2))
+        "node 'layers.1' (fwd, partial) of step 1"
+    """
+    if not (isinstance(key, tuple) and key and isinstance(key[0], str)):
+        return f"task {key!r}"
+    parts = key[0].rsplit("-", 1)[0].split("-")  # without the run's token
+    at = next((i for i in range(len(parts) - 1, 0, -1) if parts[i] in PHASES), None)
+    if at is None:  # data movement: f"{tensor}-{input|rechunk|ready|const...}"
+        at = len(parts) - 1 if len(parts) > 1 else None
+    if at is None:
+        return f"task {key!r}"
+    node, what = "-".join(parts[:at]), ", ".join(parts[at:])
+    step = f" of step {key[1]}" if len(key) > 1 and isinstance(key[1], int) else ""
+    return f"node {node!r} ({what}){step}"
 
 
 def killed_worker_error(exc) -> TrainingError:

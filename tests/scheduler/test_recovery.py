@@ -165,7 +165,7 @@ def test_task_that_kills_its_workers_stops_with_a_training_error(cluster, monkey
     message = str(info.value)
     # Dask gives up on every task that was running on the killed worker, so the task
     # named may be the poisoned one or a neighbour
-    died = r"node '[\w.]+' \(\w+\) of step \d+ was running on 1 workers that all died"
+    died = r"node '[\w.]+' \([\w, ]+\) of step \d+ was running on 1 workers that all died"
     assert re.search(died, message) or "workers were lost 2 times" in message, message
     assert "resume" in message
 
@@ -194,11 +194,26 @@ def test_killed_worker_message_names_the_node():
     )
 
 
-def test_describe_key():
-    assert describe_key(("conv1.ConvGradWeight-bwd-0123abcd", 3, 0, 1)) == (
-        "node 'conv1.ConvGradWeight' (bwd) of step 3"
-    )
-    assert describe_key("plain") == "task 'plain'"
+@pytest.mark.parametrize(
+    "key, text",
+    [
+        (
+            ("conv1.ConvGradWeight-bwd-0123abcd", 3, 0, 1),
+            "node 'conv1.ConvGradWeight' (bwd) of step 3",
+        ),
+        (("layers.1-fwd-partial-0123abcd", 1, 0, 0, 2), "node 'layers.1' (fwd, partial) of step 1"),
+        (("/enc/conv-1-fwd-0123abcd", 0, 0), "node '/enc/conv-1' (fwd) of step 0"),
+        (
+            ("layers.0.weight-rechunk-0123abcd", 2, 0, 0),
+            "node 'layers.0.weight' (rechunk) of step 2",
+        ),
+        (("x-input-0123abcd", 5, 1, 0), "node 'x' (input) of step 5"),
+        ("plain", "task 'plain'"),
+        (("alone-0123abcd", 1), "task ('alone-0123abcd', 1)"),
+    ],
+)
+def test_describe_key(key, text):
+    assert describe_key(key) == text
 
 
 def test_lost_data_errors():

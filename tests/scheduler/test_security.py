@@ -7,9 +7,6 @@ line case runs ``python -m dfdl train --scheduler tls://...`` as a subprocess ag
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import pytest
@@ -20,6 +17,7 @@ import dfdl
 import dfdl.models
 from dfdl.errors import ConfigError
 from dfdl.scheduler.cluster import open_client
+from tests.test_cli import dfdl_cli
 
 SIZES = (16, 64, 4)
 BATCH = 32
@@ -96,16 +94,6 @@ def _pem_files(security: Security, tmp_path) -> dict[str, str]:
     return files
 
 
-def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dfdl", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
 def test_command_line_trains_over_tls_and_names_missing_credentials(secured, tmp_path):
     cluster, _, security = secured
     onnx.save(dfdl.models.mlp(SIZES), str(tmp_path / "mlp.onnx"))
@@ -114,10 +102,10 @@ def test_command_line_trains_over_tls_and_names_missing_credentials(secured, tmp
     common = ("train", "mlp.onnx", "--data", "data.npz", "--batch-size", str(BATCH))
     where = ("--scheduler", cluster.scheduler_address)
     creds = [a for flag, path in _pem_files(security, tmp_path).items() for a in (flag, path)]
-    r = _cli(*common, *where, *creds, "-o", "out.onnx", cwd=tmp_path)
+    r = dfdl_cli(*common, *where, *creds, "-o", "out.onnx", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out.onnx").is_file()
-    r = _cli(*common, *where, "-o", "refused.onnx", cwd=tmp_path)
+    r = dfdl_cli(*common, *where, "-o", "refused.onnx", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "no TLS credentials were given" in r.stderr and "--tls-ca-file" in r.stderr
