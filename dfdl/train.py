@@ -322,10 +322,11 @@ def train(
 
         collector = LossCollector(c, on_loss, SpillMeter(c))
         anchors = AnchorPolicy()
+        name = _model_name(model, proto)
         reporter = Reporter(
             c,
-            f"{_model_name(model, proto)}-{new_token()}",
-            model=_model_name(model, proto),
+            f"{name}-{new_token()}",
+            model=name,
             batch_size=batch_size,
             total=total,
             threads=cores,

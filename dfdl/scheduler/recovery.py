@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import logging
 import time
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
@@ -31,8 +30,6 @@ import numpy as np
 from distributed.comm.core import CommClosedError
 
 from dfdl.errors import TrainingError
-
-logger = logging.getLogger("dfdl")
 
 #: rollbacks one ``dfdl.train`` call makes before it gives up; each one needs a worker
 #: to die again, so more than a few means the cluster itself is failing
