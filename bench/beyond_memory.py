@@ -15,19 +15,21 @@ steps
   checkpoints in the backward pass);
 * **capped, auto**: the same, ``memory="auto"`` (what it recomputes is reported);
 * **uncapped**: the same plan (same tiles) on workers with limits large enough that
-  nothing spills, ``memory="spill"``.
+  nothing spills (``--uncapped-limit``, when the working set does not fit this machine's
+  memory: the run's spilled bytes are reported), ``memory="spill"``.
 
-Dask's memory manager is configured as in dfdl's spill test: tiles (the bytes Dask
-manages) are kept under ``target = 0.6`` of the limit and the rest spilled; Dask's
-process-memory thresholds (spill/pause/terminate on the process's RSS) are off, because
-at limits of a few hundred MiB the worker process's own footprint (interpreter, numpy,
-numba, dfdl: about 200 MB, measured and reported) would already exceed them
-(``--process-thresholds`` keeps them, for limits well above that footprint). Each
-worker's resident memory is sampled every 20 ms; the report gives its peak, its idle
-footprint before training (after one step of a tiny model has loaded the kernels and
-freed memory has been returned to the system), and the peak above that footprint,
-which is what the plan's estimate (:func:`dfdl.graph.estimate.estimate_memory`, "tile
-memory per worker") predicts.
+Dask's memory manager runs with its defaults: tiles kept under ``target = 0.6`` of the
+limit, and the process's resident memory spilled at 0.7, paused at 0.8 and the worker
+restarted at 0.95 of the limit, so the limit bounds each worker's whole resident memory,
+and the plan counts the worker process's own footprint (:mod:`dfdl.graph.estimate`).
+``--managed-only`` switches the process thresholds off (the limit then bounds the tiles
+Dask manages, as in dfdl's spill tests), for limits of a few hundred MiB, below what a
+worker process takes by itself (about 210 MiB, measured and reported). Each worker's
+resident memory is sampled every 20 ms; the report gives its peak, its idle footprint
+before training (after one step of a tiny model has loaded the kernels and freed memory
+has been returned to the system), and the plan's prediction
+(:func:`dfdl.graph.estimate.estimate_memory`): the whole process's peak with the
+thresholds on, the peak above the idle footprint with ``--managed-only``.
 
 Also reported: samples/s of each run (steps x batch / training seconds, setup
 excluded), throughput retention (capped / uncapped), bytes spilled per step from the
@@ -40,8 +42,8 @@ and its error.
 
 Usage:
     python bench/beyond_memory.py [--model unet3d|mlp] [--workers 2]
-        [--memory-limit 256MiB] [--factor 8] [--steps 3] [--batch N]
-        [--modes spill,recompute,auto] [--process-thresholds] [--json out.json]
+        [--memory-limit 1GiB] [--factor 8] [--steps 3] [--batch N]
+        [--modes spill,recompute,auto] [--managed-only] [--json out.json]
 """
 
 from __future__ import annotations
@@ -348,7 +350,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=("unet3d", "mlp"), default="unet3d")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--memory-limit", default="256MiB", help="per worker (capped runs)")
+    ap.add_argument("--memory-limit", default="1GiB", help="per worker (capped runs)")
     ap.add_argument("--factor", type=float, default=8.0, help="working set / limits together")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=None, help="default: 2 (unet3d), 64 (mlp)")
@@ -361,9 +363,16 @@ def main(argv=None) -> int:
         help="capped runs' memory= modes, comma-separated (default: spill,recompute,auto)",
     )
     ap.add_argument(
-        "--process-thresholds",
+        "--managed-only",
         action="store_true",
-        help="keep Dask's process-memory spill/pause/terminate thresholds (default: off)",
+        help="switch Dask's process-memory spill/pause/restart thresholds off (default: on)",
+    )
+    ap.add_argument(
+        "--uncapped-limit",
+        default=f"{UNCAPPED_LIMIT // 2**30}GiB",
+        help="per worker in the reference run (default: large enough that nothing spills; "
+        "give less when the working set does not fit this machine's memory, and read its "
+        "spilled bytes in the report)",
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -377,10 +386,12 @@ def main(argv=None) -> int:
     cap = args.workers * limit
     size = work.sized(int(args.factor * cap), batch)
     tg = work.training_graph(size, batch)
-    tg, plan = plan_training(tg, None, cores=args.workers, memory_limit=limit)
-    est = estimate_memory(plan, args.workers)
-    _, rc_plan = plan_training(tg.recompute(tg.segments()), plan.tiles, memory_limit=limit)
-    rc_est = estimate_memory(rc_plan, args.workers)
+    config = MANAGED_ONLY if args.managed_only else {}
+    with dask.config.set(config):  # the plan counts the worker footprint with thresholds on
+        tg, plan = plan_training(tg, None, cores=args.workers, memory_limit=limit)
+        est = estimate_memory(plan, args.workers)
+        _, rc_plan = plan_training(tg.recompute(tg.segments()), plan.tiles, memory_limit=limit)
+        rc_est = estimate_memory(rc_plan, args.workers)
     ws = est.working_set
     print(f"{work.name} {work.kwargs(size)}, batch {batch}, {args.steps} steps")
     print(f"plan for {_mib(limit)} per worker: tiles={plan.tiles}, {plan.n_tasks()} tasks/step")
@@ -394,7 +405,8 @@ def main(argv=None) -> int:
         "model": {"name": work.name, **work.kwargs(size), "batch": batch, "steps": args.steps},
         "workers": args.workers,
         "memory_limit": limit,
-        "dask_process_thresholds": args.process_thresholds,
+        "dask_process_thresholds": not args.managed_only,
+        "uncapped_limit": args.uncapped_limit,
         "working_set": ws,
         "working_set_over_cap": ws / cap,
         "tiles": plan.tiles,
@@ -414,22 +426,22 @@ def main(argv=None) -> int:
     runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dfdl-spill-") as spill:
         report["disk"] = disk_bandwidth(spill)
-        config = {} if args.process_thresholds else MANAGED_ONLY
         common = (work, size, (X, y), batch, args.steps, args.workers)
         for mode in modes:
             runs[f"capped_{mode}"] = train_once(*common, limit, plan.tiles, spill, config, mode)
-        runs["uncapped"] = train_once(*common, UNCAPPED_LIMIT, plan.tiles, spill, config, "spill")
+        reference = parse_memory(args.uncapped_limit, "--uncapped-limit")
+        runs["uncapped"] = train_once(*common, reference, plan.tiles, spill, config, "spill")
     report["torch_under_cap"] = torch_under_cap(cap, work, size, batch)
     uncapped = runs["uncapped"]
     for name, run in runs.items():
         run["losses_bit_identical"] = run["history"]["loss"] == uncapped["history"]["loss"]
         run["retention"] = run["samples_per_s"] / uncapped["samples_per_s"]
         predicted = rc_est if run["memory"] == "recompute" else est
+        measured = run["peak_above_idle"] if args.managed_only else run["peak_rss"]
         run["estimate_error"] = {
-            w: (predicted.peak_per_worker - p) / p
-            for w, p in run["peak_above_idle"].items()
-            if p > 0
+            w: (predicted.peak_per_worker - p) / p for w, p in measured.items() if p > 0
         }
+        run["under_limit"] = all(p < limit for p in run["peak_rss"].values())
         report[name] = run
 
     print(f"\nworking set {_mib(ws)} = {ws / cap:.1f}x the limits together ({_mib(cap)})")
@@ -443,7 +455,7 @@ def main(argv=None) -> int:
     )
     for name, run in runs.items():
         print(
-            f"{name:18s} {run['samples_per_s']:10.2f} {run['retention']:9.1%} "
+            f"{name:18s} {run['samples_per_s']:10.3g} {run['retention']:9.1%} "
             f"{_mib(run['spilled_per_step']):>13s} {_mib(run['unspilled_per_step']):>11s} "
             f"{str(run['losses_bit_identical']):>9s} {len(run['recomputed']):>10d}  "
             f"{run['restarted'] or 'none'}"
@@ -458,9 +470,12 @@ def main(argv=None) -> int:
         predicted = rc_est if run["memory"] == "recompute" else est
         for w in sorted(run["peak_rss"]):
             print(
-                f"{name} worker {w}: peak RSS {_mib(run['peak_rss'][w])} (idle "
-                f"{_mib(run['idle_rss'][w])}, above idle {_mib(run['peak_above_idle'][w])}; "
-                f"predicted {_mib(predicted.peak_per_worker)}, limit {_mib(limit)})"
+                f"{name} worker {w}: peak RSS {_mib(run['peak_rss'][w])} "
+                f"({run['peak_rss'][w] / limit:.0%} of the limit {_mib(limit)}; idle "
+                f"{_mib(run['idle_rss'][w])}, above idle {_mib(run['peak_above_idle'][w])}); "
+                f"predicted {_mib(predicted.peak_per_worker)} "
+                f"({'above idle' if args.managed_only else 'whole process'}, error "
+                f"{run['estimate_error'].get(w, float('nan')):+.0%})"
             )
     print(
         f"client process peak RSS: {_mib(uncapped['client_peak_rss'])} "

@@ -19,6 +19,17 @@ def client():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _plan_without_worker_footprint():
+    """Plan tiles against the limits alone, as with Dask's process-memory thresholds off:
+    the tests use limits of a few MiB to make tiny models spill. The tests of the
+    footprint (``tests/graph/test_estimate.py``) set it themselves."""
+    import dask
+
+    with dask.config.set({"dfdl.memory.worker-footprint": 0}):
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _close_backend_cluster():
     """Shut the ONNX backend's shared cluster down while pytest still captures logs."""
     yield

@@ -26,11 +26,12 @@ SIZES = (8, 16, 3)
 N = 24
 
 
-def dfdl_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def dfdl_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m dfdl ARGS`` in ``cwd``; returns the finished process."""
     return subprocess.run(
         [sys.executable, "-m", "dfdl", *args],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=180,
@@ -214,11 +215,31 @@ def test_plan_prints_the_tensors(work, training):
 
 def test_plan_under_a_memory_limit_names_it(work):
     r = dfdl_cli(
-        "plan", "mlp.onnx", "--batch-size", "16", "--training", "--memory-limit", "64MiB",
+        "plan", "mlp.onnx", "--batch-size", "16", "--training", "--memory-limit", "1GiB",
+        "--workers", "2",
         cwd=work,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "worker memory limit 64.0 MiB" in r.stdout
+    assert "worker memory limit 1.0 GiB" in r.stdout
+    # Dask's process thresholds are on by default: the worker's own footprint counts
+    assert "with the worker process's own 224.0 MiB" in r.stdout
+
+
+def test_a_limit_below_the_worker_footprint_names_the_smallest(work):
+    r = dfdl_cli(
+        "plan", "mlp.onnx", "--batch-size", "16", "--training", "--memory-limit", "256MiB",
+        cwd=work,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "a worker process takes about 224.0 MiB of its own" in r.stderr
+    assert "Give each worker at least 449.0 MiB" in r.stderr
+    # with the footprint set to an idle worker's measured memory, 256 MiB plans
+    env = {**os.environ, "DASK_DFDL__MEMORY__WORKER_FOOTPRINT": "64MiB"}
+    r = dfdl_cli(
+        "plan", "mlp.onnx", "--batch-size", "16", "--training", "--memory-limit", "256MiB",
+        cwd=work, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
 
 
 def test_plan_with_recompute_estimates_less_memory(work):

@@ -12,8 +12,18 @@ spills tiles beyond it to disk. The estimate spreads the working set evenly over
 workers, so the tile memory a worker holds at its peak is its share, capped at
 ``target * limit``, plus the memory of the tasks it runs at once; the bytes beyond
 the workers' capped shares are spilled (written once, read back once) every step.
-The worker process's own footprint (the interpreter, libraries: about 150-250 MB) comes
-on top and is not part of the estimate.
+
+When Dask's process-memory thresholds are on (its defaults: spill at 0.7, pause at 0.8,
+restart the worker at 0.95 of the limit, measured on the process's resident memory),
+the limit bounds the whole worker process, and the process's own *footprint* (the
+interpreter, numpy, numba, dfdl and its compiled kernels: :data:`DEFAULT_FOOTPRINT`,
+or dask config ``dfdl.memory.worker-footprint``) counts too. Dask spills tiles whenever
+the process passes the ``spill`` threshold, so the process's peak is its footprint plus
+its tiles, at most ``spill * limit``, plus the tasks running; the planner keeps one
+task within :data:`HEADROOM` - ``spill`` of the limit (:func:`task_budget`), so the
+peak stays under :data:`HEADROOM` of the limit, below Dask's restart threshold. With
+those thresholds off the limit bounds only the tiles Dask manages, and the footprint
+is 0.
 
 Example:
     >>> est = estimate_memory(plan, workers=2)  # doctest: +SKIP
@@ -26,8 +36,100 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import dask
+from dask.utils import parse_bytes
+
 #: Dask's default ``distributed.worker.memory.target``
 DASK_TARGET = 0.6
+#: resident memory of an idle dfdl worker process with its kernels loaded (Linux x86-64,
+#: Python 3.11: 200-215 MiB measured after one training step; ``dfdl.memory.worker-footprint``
+#: in dask config overrides it)
+DEFAULT_FOOTPRINT = 224 * 2**20
+#: share of the limit a worker's planned peak stays under: below Dask's restart
+#: threshold (0.95), with room for what the estimate does not count (transfer buffers)
+HEADROOM = 0.9
+#: Dask's default ``distributed.worker.memory.spill``
+DASK_SPILL = 0.7
+
+
+def process_limited() -> bool:
+    """Whether Dask's process-memory thresholds are on in this process's dask config, so
+    that a worker's memory limit bounds its whole resident memory (see the module
+    docstring).
+
+    Example:
+        >>> with dask.config.set({"distributed.worker.memory.terminate": False,
+        ...                       "distributed.worker.memory.pause": False,
+        ...                       "distributed.worker.memory.spill": False}):
+        ...     process_limited()
+        False
+    """
+    keys = ("spill", "pause", "terminate")
+    return any(dask.config.get(f"distributed.worker.memory.{k}", 0.9) for k in keys)
+
+
+def managed_target() -> float:
+    """Dask's ``distributed.worker.memory.target`` (share of the limit kept in memory)."""
+    t = dask.config.get("distributed.worker.memory.target", DASK_TARGET)
+    return float(t) if t else 1.0
+
+
+def spill_threshold() -> float:
+    """Share of the limit where Dask spills on process memory (``...memory.spill``; the
+    managed target when that is off)."""
+    s = dask.config.get("distributed.worker.memory.spill", DASK_SPILL)
+    return float(s) if s else managed_target()
+
+
+def worker_footprint() -> int:
+    """The worker process's own resident bytes counted against its limit: dask config
+    ``dfdl.memory.worker-footprint`` (bytes or a string like ``"300MiB"``), else
+    :data:`DEFAULT_FOOTPRINT`, when :func:`process_limited`; else 0.
+
+    Example:
+        >>> with dask.config.set({"dfdl.memory.worker-footprint": "300MiB"}):
+        ...     worker_footprint() // 2**20 if process_limited() else 300
+        300
+    """
+    if not process_limited():
+        return 0
+    value = dask.config.get("dfdl.memory.worker-footprint", None)
+    if value is None:
+        return DEFAULT_FOOTPRINT
+    return int(parse_bytes(value) if isinstance(value, str) else value)
+
+
+def task_budget(memory_limit: int, footprint: int, fraction: float) -> int:
+    """Bytes one task may use on a worker with ``memory_limit``: ``fraction`` of it, and
+    with a ``footprint`` (process thresholds on) at most :data:`HEADROOM` - the spill
+    threshold of it, so that a task started at the spill line ends under the headroom.
+
+    Example:
+        >>> task_budget(2**30, 0, 0.25) // 2**20
+        256
+        >>> with dask.config.set({"distributed.worker.memory.spill": 0.7}):
+        ...     task_budget(2**30, 224 * 2**20, 0.25) // 2**20
+        204
+    """
+    if footprint:
+        fraction = min(fraction, HEADROOM - spill_threshold())
+    return int(fraction * memory_limit)
+
+
+def smallest_limit(need: int, footprint: int, fraction: float) -> int:
+    """The smallest memory limit whose :func:`task_budget` holds a task of ``need`` bytes
+    and, with a ``footprint``, keeps footprint + one such task under the spill threshold.
+
+    Example:
+        >>> smallest_limit(2**28, 0, 0.25) // 2**20
+        1024
+    """
+    if footprint:
+        fraction = min(fraction, HEADROOM - spill_threshold())
+    smallest = math.ceil(need / fraction)
+    if footprint:
+        smallest = max(smallest, math.ceil((need + footprint) / spill_threshold()))
+    return smallest
 
 
 @dataclass(frozen=True)
@@ -39,6 +141,7 @@ class MemoryEstimate:
     spilled_per_step: int
     workers: int
     memory_limit: int | None
+    footprint: int = 0  # the worker process's own, included in peak_per_worker
 
     def lines(self) -> list[str]:
         from dfdl.graph.tiling import format_bytes
@@ -51,8 +154,12 @@ class MemoryEstimate:
             where = f"{self.workers} worker(s), no memory limit"
         return [
             f"working set: {format_bytes(self.working_set)} ({where})",
-            f"predicted peak tile memory per worker: {format_bytes(self.peak_per_worker)} "
-            "(above the worker process's own footprint)",
+            f"predicted peak memory per worker: {format_bytes(self.peak_per_worker)} "
+            + (
+                f"(with the worker process's own {format_bytes(self.footprint)})"
+                if self.footprint
+                else "(tiles and tasks; Dask's process-memory thresholds are off)"
+            ),
             f"predicted bytes spilled per step: {format_bytes(self.spilled_per_step)}",
         ]
 
@@ -117,25 +224,35 @@ def estimate_memory(
     *,
     threads_per_worker: int = 1,
     memory_limit: int | None = None,
-    target: float = DASK_TARGET,
+    target: float | None = None,
+    footprint: int | None = None,
 ) -> MemoryEstimate:
-    """Predict working set, peak tile memory per worker and bytes spilled per step.
+    """Predict working set, peak memory per worker and bytes spilled per step.
 
     Args:
         plan: a :class:`~dfdl.graph.tiling.Plan`.
         workers: worker processes.
         threads_per_worker: tasks one worker runs at once.
         memory_limit: bytes per worker (default: the plan's).
-        target: share of the limit Dask keeps in memory before spilling.
+        target: share of the limit Dask keeps in memory before spilling (default:
+            dask config ``distributed.worker.memory.target``).
+        footprint: the worker process's own bytes (default: the plan's, which is
+            :func:`worker_footprint` when it was planned for a limit).
 
     Example:
         >>> estimate_memory(plan, workers=2, memory_limit=2**30).spilled_per_step  # doctest: +SKIP
     """
     limit = memory_limit if memory_limit is not None else plan.memory_limit
+    target = managed_target() if target is None else target
+    if footprint is None:
+        footprint = getattr(plan, "footprint", 0) if limit else 0
     ws = working_set(plan)
-    share = ws / max(1, workers)
+    resident = ws / max(1, workers)
     if limit:
-        share = min(share, target * limit)
-    peak = int(share + threads_per_worker * plan.peak_task()[1])
+        resident = min(resident, target * limit)
+    resident += footprint
+    if limit and footprint:  # Dask spills when the process passes the spill threshold
+        resident = min(resident, spill_threshold() * limit)
+    peak = int(resident + threads_per_worker * plan.peak_task()[1])
     spilled = max(0, int(ws - workers * target * limit)) if limit else 0
-    return MemoryEstimate(ws, peak, spilled, workers, limit)
+    return MemoryEstimate(ws, peak, spilled, workers, limit, footprint)

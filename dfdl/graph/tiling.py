@@ -113,6 +113,7 @@ class Plan:
     task_bytes: dict[str, int] = field(default_factory=dict)
     task_memory: dict[str, int] = field(default_factory=dict)
     memory_limit: int | None = None
+    footprint: int = 0  # the worker process's own bytes, counted against memory_limit
 
     def n_tasks(self) -> int:
         """Number of compute tasks of one forward pass (sources excluded)."""
@@ -323,6 +324,7 @@ def make_plan(
     weights: Collection[str] = (),
     memory_limit: int | None = None,
     task_fraction: float = TASK_MEMORY_FRACTION,
+    footprint: int | None = None,
 ) -> Plan:
     """Plan the tiling of a bound graph (see the module docstring).
 
@@ -335,6 +337,12 @@ def make_plan(
             the axes they index are model axes, as for initializers.
         memory_limit: the smallest worker's memory limit in bytes (None: unbounded).
         task_fraction: share of ``memory_limit`` one task may use.
+        footprint: the worker process's own resident bytes, counted against
+            ``memory_limit`` (default: :func:`dfdl.graph.estimate.worker_footprint`, 0
+            when Dask's process-memory thresholds are off). With one, a task also fits
+            between Dask's spill threshold and :data:`~dfdl.graph.estimate.HEADROOM`
+            (:func:`dfdl.graph.estimate.task_budget`), and the footprint with one task
+            must fit under the spill threshold.
 
     Returns:
         The :class:`Plan`.
@@ -356,13 +364,31 @@ def make_plan(
             f"memory_limit ({memory_limit!r}) and task_fraction ({task_fraction!r}) must be "
             "positive"
         )
-    budget = int(memory_limit * task_fraction)
+    from dfdl.graph.estimate import smallest_limit, spill_threshold, task_budget, worker_footprint
+
+    if footprint is None:
+        footprint = worker_footprint()
+    budget = task_budget(memory_limit, footprint, task_fraction)
+    if footprint and footprint + budget > spill_threshold() * memory_limit:
+        # budget and spill line both grow with the limit: F + f * L <= spill * L
+        room = spill_threshold() - budget / memory_limit
+        smallest = (math.ceil(footprint / room / 2**20) + 1) * 2**20 if room > 0 else 0
+        raise MemoryPlanError(
+            f"the worker memory limit {format_bytes(memory_limit)} leaves no room for tiles: "
+            f"a worker process takes about {format_bytes(footprint)} of its own, and Dask "
+            f"spills everything it can at {spill_threshold():g} of the limit. Give each "
+            f"worker at least {format_bytes(smallest)} (or set dask config "
+            "dfdl.memory.worker-footprint to an idle worker's measured resident memory).",
+            memory_limit=int(memory_limit),
+            smallest_limit=smallest,
+        )
     if tiles is None:
         plan = _refine(graph, policy, weights, plan, budget)
     plan.memory_limit = int(memory_limit)
+    plan.footprint = int(footprint)
     name, need = plan.peak_task()
     if need > budget:
-        smallest = math.ceil(need / task_fraction)
+        smallest = smallest_limit(need, footprint, task_fraction)
         how = (
             f"the tiles={tiles!r} given"
             if tiles is not None
@@ -371,8 +397,10 @@ def make_plan(
         )
         raise MemoryPlanError(
             f"node {name!r} needs about {format_bytes(need)} per task with {how}, more than "
-            f"{task_fraction:g} of the worker memory limit {format_bytes(memory_limit)}. "
-            f"Give each worker at least {format_bytes(smallest)}"
+            f"the {format_bytes(budget)} a task may use under the worker memory limit "
+            f"{format_bytes(memory_limit)}"
+            + f" ({budget / memory_limit:g} of it). "
+            + f"Give each worker at least {format_bytes(smallest)}"
             + (", or split further with tiles=" if tiles is not None else ", or a smaller batch")
             + ".",
             node=name,

@@ -4,12 +4,22 @@ spreads over workers. Its agreement with measured worker memory is a benchmark f
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 
 import dfdl
 import dfdl.models
-from dfdl.graph.estimate import DASK_TARGET, estimate_memory, working_set
+from dfdl.errors import MemoryPlanError
+from dfdl.graph.estimate import (
+    DASK_SPILL,
+    DASK_TARGET,
+    HEADROOM,
+    estimate_memory,
+    smallest_limit,
+    task_budget,
+    working_set,
+)
 from dfdl.graph.onnx_io import to_ir
 from dfdl.graph.training import build_training_graph
 from dfdl.ops.registry import TensorType
@@ -78,6 +88,64 @@ def test_summary_prints_the_estimate():
     assert (
         f"working set: {working_set(plan) / 1024:.1f} KiB ({times:.1f}x the 2 worker(s)' " in text
     )
-    assert "predicted peak tile memory per worker" in text
+    assert "predicted peak memory per worker" in text
+    assert "process-memory thresholds are off" in text  # the session plans without a footprint
     assert "predicted bytes spilled per step" in text
     assert "working set" not in plan.summary()
+
+
+FOOTPRINT = 200 * 2**20
+
+
+@pytest.fixture
+def process_limited():
+    """Dask's process-memory thresholds on, with a 200 MiB worker footprint."""
+    with dask.config.set(
+        {
+            "dfdl.memory.worker-footprint": FOOTPRINT,
+            "distributed.worker.memory.target": DASK_TARGET,
+            "distributed.worker.memory.spill": DASK_SPILL,
+            "distributed.worker.memory.terminate": 0.95,
+        }
+    ):
+        yield
+
+
+def test_with_a_footprint_tasks_fit_between_the_spill_line_and_the_headroom(process_limited):
+    limit = 2**30
+    plan = _training_plan(memory_limit=limit)
+    assert plan.footprint == FOOTPRINT
+    room = (HEADROOM - DASK_SPILL) * limit  # a task started at the spill line ends below
+    assert task_budget(limit, FOOTPRINT, 0.25) == int(room)
+    assert task_budget(limit, 0, 0.25) == limit // 4
+    assert plan.peak_task()[1] <= room
+    est = estimate_memory(plan, 2)
+    ws = working_set(plan)
+    resident = min(FOOTPRINT + min(ws / 2, DASK_TARGET * limit), DASK_SPILL * limit)
+    assert est.peak_per_worker == int(resident + plan.peak_task()[1])
+    assert est.peak_per_worker <= HEADROOM * limit
+    assert "with the worker process's own 200.0 MiB" in "\n".join(est.lines())
+    # when the working set spills, the footprint and tiles reach the spill line
+    spilling = estimate_memory(plan, 2, memory_limit=ws // 4)
+    assert spilling.peak_per_worker == int(DASK_SPILL * (ws // 4) + plan.peak_task()[1])
+
+
+def test_a_limit_below_the_footprint_is_a_plan_error_with_the_smallest_limit(process_limited):
+    with pytest.raises(MemoryPlanError, match="a worker process takes about 200.0 MiB") as e:
+        _training_plan(memory_limit=256 * 2**20)
+    smallest = e.value.smallest_limit
+    assert smallest > 256 * 2**20
+    # the limit it names does plan: footprint + a task fit under the spill line
+    plan = _training_plan(memory_limit=smallest)
+    assert FOOTPRINT + task_budget(smallest, FOOTPRINT, 0.25) <= DASK_SPILL * smallest
+    assert plan.peak_task()[1] <= task_budget(smallest, FOOTPRINT, 0.25)
+
+
+def test_smallest_limit_inverts_the_task_budget(process_limited):
+    for need in (2**20, 50 * 2**20, 2**30):
+        for footprint in (0, FOOTPRINT):
+            limit = smallest_limit(need, footprint, 0.25)
+            assert task_budget(limit, footprint, 0.25) >= need - 1
+            assert task_budget(limit - 2**12, footprint, 0.25) < need or (
+                footprint and FOOTPRINT + need > DASK_SPILL * (limit - 2**12)
+            )

@@ -11,7 +11,7 @@ import dfdl
 from dfdl.errors import MemoryPlanError
 from dfdl.graph.onnx_io import to_ir
 from dfdl.graph.split_norm import split_batch_norms
-from dfdl.graph.training import build_training_graph, plan_training
+from dfdl.graph.training import SPLIT_NORMS_GAIN, build_training_graph, plan_training
 from dfdl.ops.registry import TensorType
 
 from .test_recompute import _run, _training
@@ -76,3 +76,27 @@ def test_split_leaves_inference_batch_norm_alone():
 
     bound = bind(graph, {"x": TensorType((2, 3, 8, 8), np.dtype("float32"))})
     assert split_batch_norms(bound) == 0
+
+
+def test_planner_splits_batch_norm_when_whole_channels_would_need_many_more_tasks():
+    graph = to_ir(dfdl.models.unet3d(base=4, levels=2, volume=32))
+    tg = build_training_graph(
+        graph,
+        {"x": TensorType((2, 1, 32, 32, 32), np.dtype("float32"))},
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.1),
+        labels=TensorType((2, 32, 32, 32), np.dtype("int64")),
+    )
+    limit = 8 * 2**20
+    whole = tg.plan(memory_limit=limit)  # plannable, by splitting the 4 channels apart
+    assert whole.tiles["model"] > 1
+    split, plan = plan_training(tg, memory_limit=limit)
+    assert split is not tg and plan.tiles["split_norms"] == 1
+    assert plan.n_tasks() <= SPLIT_NORMS_GAIN * whole.n_tasks()
+    assert plan.peak_task()[1] <= limit // 4
+    # given back, the tiles repeat the split graph and its plan
+    again, replan = plan_training(tg, plan.tiles, memory_limit=limit)
+    assert replan.n_tasks() == plan.n_tasks() and again is not tg
+    # without a memory limit, or with explicit tiles, the graph is left whole
+    assert plan_training(tg)[0] is tg
+    assert plan_training(tg, {"batch": 2, "model": 4, "space": 2}, memory_limit=limit)[0] is tg

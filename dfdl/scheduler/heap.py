@@ -1,0 +1,150 @@
+"""Give freed tile memory back to the system, so a worker's resident memory follows its tiles.
+
+Tiles under glibc's mmap threshold (dfdl keeps it high: fresh mmaps made the kernels
+1.7x slower, :data:`dfdl.scheduler.cluster.DASK_CONFIG`) live in the malloc heap. glibc
+gives freed heap memory back only from the top of the heap, so once small long-lived
+tiles (weights, optimizer state) sit between the freed activation tiles, the worker
+keeps the freed memory resident. Dask counts it as unmanaged memory it cannot spill:
+measured on a 3-D U-Net with 1 GiB workers, 470 MiB of a worker's 764 MiB were free
+heap, the worker paused at 80% with nothing left to spill, and Dask's nanny killed it at
+95%. ``malloc_trim(0)`` (which also frees the pages in the middle of the heap and in the
+other threads' arenas) brought the same worker to 295 MiB.
+
+:class:`HeapTrimmer` is a worker plugin that checks the free heap (``mallinfo2``) every
+``interval`` seconds and trims it when it exceeds ``fraction`` of the worker's memory
+limit. :func:`dfdl.train` installs it on every cluster it trains on. On a system
+without glibc it does nothing.
+
+Example:
+    >>> client.register_plugin(HeapTrimmer())  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+logger = logging.getLogger(__name__)
+
+#: free heap kept before a trim, as a share of the worker's memory limit
+TRIM_FRACTION = 1 / 32
+#: ... and at least this many bytes (trimming less costs more page faults than it saves)
+TRIM_MIN_BYTES = 16 * 2**20
+#: how often the free heap is checked (seconds); Dask's memory monitor runs every 0.1 s
+INTERVAL_S = 0.02
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _glibc():
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        lib.mallinfo2.restype = _Mallinfo2
+        lib.malloc_trim.argtypes = [ctypes.c_size_t]
+        return lib
+    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
+        return None
+
+
+_LIBC = _glibc()
+
+
+def free_heap_bytes() -> int | None:
+    """Bytes that malloc holds free in its arenas (None without glibc >= 2.33).
+
+    Example:
+        >>> free_heap_bytes() >= 0
+        True
+    """
+    if _LIBC is None:
+        return None
+    return int(_LIBC.mallinfo2().fordblks)
+
+
+def release_free_heap() -> bool:
+    """Return the free heap's whole pages to the system (``malloc_trim(0)``).
+
+    Returns whether memory was released.
+
+    Example:
+        >>> release_free_heap() in (True, False)
+        True
+    """
+    if _LIBC is None:
+        return False
+    return bool(_LIBC.malloc_trim(0))
+
+
+def trim_threshold(memory_limit: int | None) -> int:
+    """Free heap bytes a worker with ``memory_limit`` keeps before trimming.
+
+    Example:
+        >>> trim_threshold(2**30) // 2**20
+        32
+    """
+    if not memory_limit:
+        return 2**62  # no limit: leave glibc alone
+    return max(TRIM_MIN_BYTES, int(memory_limit * TRIM_FRACTION))
+
+
+class HeapTrimmer(WorkerPlugin):
+    """Trims a worker's free heap when it exceeds :func:`trim_threshold` of its limit."""
+
+    name = "dfdl-heap"
+
+    def __init__(self, interval: float = INTERVAL_S):
+        self.interval = interval
+        self.trims = 0
+        self._callback = None
+
+    def setup(self, worker) -> None:
+        from tornado.ioloop import PeriodicCallback
+
+        if _LIBC is None:
+            return
+        limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+        self.threshold = trim_threshold(limit)
+        if self.threshold >= 2**62:
+            return
+        self._callback = PeriodicCallback(self._check, self.interval * 1000)
+        self._callback.start()
+
+    def _check(self) -> None:
+        free = free_heap_bytes()
+        if free is not None and free > self.threshold:
+            release_free_heap()
+            self.trims += 1
+
+    def teardown(self, worker) -> None:
+        if self._callback is not None:
+            self._callback.stop()
+            self._callback = None
+
+
+def install(client) -> None:
+    """Install :class:`HeapTrimmer` on every worker of ``client``'s cluster (and on the
+    workers that join later); installing again replaces it.
+
+    Example:
+        >>> install(Client("tcp://scheduler:8786"))  # doctest: +SKIP
+    """
+    client.register_plugin(HeapTrimmer(), name=HeapTrimmer.name)
