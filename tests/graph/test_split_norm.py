@@ -43,15 +43,20 @@ def test_split_batch_norm_tasks_split_batch_and_space():
     assert bn and all(p.n_tiles() == 1 for p in bn)  # the whole batch and volume
 
 
-def test_planner_splits_batch_norm_when_its_channels_do_not_fit():
-    graph = to_ir(dfdl.models.unet3d(base=2, levels=2, volume=16))
-    tg = build_training_graph(
+def _unet_training(base: int, volume: int):
+    """A 2-level 3-D U-Net's training graph for a batch of 2 volumes."""
+    graph = to_ir(dfdl.models.unet3d(base=base, levels=2, volume=volume))
+    return build_training_graph(
         graph,
-        {"x": TensorType((2, 1, 16, 16, 16), np.dtype("float32"))},
+        {"x": TensorType((2, 1, volume, volume, volume), np.dtype("float32"))},
         loss="cross_entropy",
         optimizer=dfdl.optim.SGD(lr=0.1),
-        labels=TensorType((2, 16, 16, 16), np.dtype("int64")),
+        labels=TensorType((2, volume, volume, volume), np.dtype("int64")),
     )
+
+
+def test_planner_splits_batch_norm_when_its_channels_do_not_fit():
+    tg = _unet_training(base=2, volume=16)
     limit = 512 * 2**10
     with pytest.raises(MemoryPlanError) as err:
         tg.plan(memory_limit=limit)
@@ -79,14 +84,7 @@ def test_split_leaves_inference_batch_norm_alone():
 
 
 def test_planner_splits_batch_norm_when_whole_channels_would_need_many_more_tasks():
-    graph = to_ir(dfdl.models.unet3d(base=4, levels=2, volume=32))
-    tg = build_training_graph(
-        graph,
-        {"x": TensorType((2, 1, 32, 32, 32), np.dtype("float32"))},
-        loss="cross_entropy",
-        optimizer=dfdl.optim.SGD(lr=0.1),
-        labels=TensorType((2, 32, 32, 32), np.dtype("int64")),
-    )
+    tg = _unet_training(base=4, volume=32)
     limit = 8 * 2**20
     whole = tg.plan(memory_limit=limit)  # plannable, by splitting the 4 channels apart
     assert whole.tiles["model"] > 1
