@@ -71,6 +71,7 @@ from dfdl.graph.estimate import estimate_memory, working_set
 from dfdl.graph.onnx_io import to_ir
 from dfdl.graph.training import build_training_graph, plan_training
 from dfdl.ops.registry import TensorType
+from dfdl.scheduler import heap
 from dfdl.scheduler.cluster import parse_memory
 
 MANAGED_ONLY = {
@@ -232,6 +233,7 @@ def train_once(work, size, data, batch, steps, workers, limit, tiles, spill_dir,
         dfdl.LocalCluster(workers, memory_limit=limit, local_directory=spill_dir) as cluster,
         Client(cluster) as client,
     ):
+        heap.install(client)  # freed heap back to the system (dfdl.scheduler.heap)
         _warm_up(client, work)
         before = _pids(client)
         idle = {w: psutil.Process(p).memory_info().rss for w, p in before.items()}

@@ -28,7 +28,7 @@ from dfdl.graph.recompute import MODES, choose
 from dfdl.graph.tiling import make_plan
 from dfdl.graph.training import SPLIT_NORMS, TrainingGraph, build_training_graph, plan_training
 from dfdl.ops.registry import TensorType
-from dfdl.scheduler import checkpoint, heap
+from dfdl.scheduler import checkpoint
 from dfdl.scheduler.cluster import (
     connect,
     default_workers,
@@ -292,7 +292,6 @@ def train(
     unroll = unroll or DEFAULT_UNROLL
     bar = _progress(progress, total, start)
     with connect(client) as c:
-        heap.install(c)  # freed tiles go back to the system, not into unmanaged memory
         chosen: dict[int, StepPlan] = {}
 
         def plans(b: int) -> StepPlan:

@@ -12,8 +12,10 @@ other threads' arenas) brought the same worker to 295 MiB.
 
 :class:`HeapTrimmer` is a worker plugin that checks the free heap (``mallinfo2``) every
 ``interval`` seconds and trims it when it exceeds ``fraction`` of the worker's memory
-limit. :func:`dfdl.train` installs it on every cluster it trains on. On a system
-without glibc it does nothing.
+limit. Install it with :func:`install` (``bench/beyond_memory.py`` does);
+:func:`dfdl.train` does not yet install it by itself: with it installed by every
+training, a CI run had a SIGKILLed worker that never came back (not reproduced since).
+On a system without glibc it does nothing.
 
 Example:
     >>> client.register_plugin(HeapTrimmer())  # doctest: +SKIP

@@ -88,26 +88,3 @@ def test_a_worker_with_the_trimmer_gives_freed_memory_back(installed):
             (now,) = client.run(_rss).values()
             assert trims is None
             assert now - idle > 128 * MiB  # without it the freed memory stays resident
-
-
-def test_train_installs_the_trimmer():
-    import numpy as np
-
-    import dfdl.models
-
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((16, 8)).astype("float32")
-    y = rng.integers(0, 3, 16)
-    with (
-        dfdl.LocalCluster(1, memory_limit="1GiB", dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
-        dfdl.train(
-            dfdl.models.mlp((8, 16, 3)),
-            data=(X, y),
-            batch_size=8,
-            steps=1,
-            client=client,
-            progress=False,
-        )
-        assert list(client.run(_plugin_trims).values()) != [None]
