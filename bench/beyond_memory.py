@@ -71,8 +71,7 @@ from dfdl.graph.estimate import estimate_memory, working_set
 from dfdl.graph.onnx_io import to_ir
 from dfdl.graph.training import build_training_graph, plan_training
 from dfdl.ops.registry import TensorType
-from dfdl.scheduler import heap
-from dfdl.scheduler.cluster import parse_memory
+from dfdl.scheduler.cluster import parse_memory, worker_memory_config
 
 MANAGED_ONLY = {
     "distributed.worker.memory.target": 0.6,
@@ -233,7 +232,6 @@ def train_once(work, size, data, batch, steps, workers, limit, tiles, spill_dir,
         dfdl.LocalCluster(workers, memory_limit=limit, local_directory=spill_dir) as cluster,
         Client(cluster) as client,
     ):
-        heap.install(client)  # freed heap back to the system (dfdl.scheduler.heap)
         _warm_up(client, work)
         before = _pids(client)
         idle = {w: psutil.Process(p).memory_info().rss for w, p in before.items()}
@@ -389,7 +387,8 @@ def main(argv=None) -> int:
     size = work.sized(int(args.factor * cap), batch)
     tg = work.training_graph(size, batch)
     config = MANAGED_ONLY if args.managed_only else {}
-    with dask.config.set(config):  # the plan counts the worker footprint with thresholds on
+    # the plan counts the worker footprint with thresholds on, and dfdl's pause line
+    with dask.config.set(config), dask.config.set(worker_memory_config()):
         tg, plan = plan_training(tg, None, cores=args.workers, memory_limit=limit)
         est = estimate_memory(plan, args.workers)
         _, rc_plan = plan_training(tg.recompute(tg.segments()), plan.tiles, memory_limit=limit)

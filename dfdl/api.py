@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import dask
 import numpy as np
 
 from dfdl.errors import ShapeError
@@ -12,7 +13,13 @@ from dfdl.graph.ir import Graph
 from dfdl.graph.onnx_io import ModelLike, load_model, to_ir
 from dfdl.graph.tiling import Plan, make_plan
 from dfdl.ops.registry import TensorType
-from dfdl.scheduler.cluster import connect, default_workers, parse_memory, total_threads
+from dfdl.scheduler.cluster import (
+    connect,
+    default_workers,
+    parse_memory,
+    total_threads,
+    worker_memory_config,
+)
 from dfdl.scheduler.executor import execute
 
 
@@ -85,9 +92,13 @@ def plan(
     """
     graph = load(model)
     bound = bind(graph, _input_types(graph, batch_size, dims))
-    return make_plan(
-        bound, tiles, cores=workers or default_workers(), memory_limit=parse_memory(memory_limit)
-    )
+    with dask.config.set(worker_memory_config()):  # the thresholds of dfdl's clusters
+        return make_plan(
+            bound,
+            tiles,
+            cores=workers or default_workers(),
+            memory_limit=parse_memory(memory_limit),
+        )
 
 
 def feed_types(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, TensorType]:

@@ -324,16 +324,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
         >>> main(["plan", "mlp.onnx", "--batch-size", "64"])  # doctest: +SKIP
         0
     """
+    import dask
+
     import dfdl
-    from dfdl.errors import ConfigError
-    from dfdl.graph.bind import bind
-    from dfdl.graph.tiling import make_plan
-    from dfdl.graph.training import build_training_graph, plan_training
-    from dfdl.scheduler.cluster import default_workers, parse_memory
+    from dfdl.scheduler.cluster import default_workers, worker_memory_config
 
     graph = dfdl.load(args.model)
     types = _input_types(graph, args.batch_size, args.dims)
     cores = args.workers or default_workers()
+    with dask.config.set(worker_memory_config()):  # the thresholds of dfdl's clusters
+        return _plan_and_show(args, graph, types, cores)
+
+
+def _plan_and_show(args, graph, types, cores: int) -> int:
+    from dfdl.errors import ConfigError
+    from dfdl.graph.bind import bind
+    from dfdl.graph.tiling import make_plan
+    from dfdl.graph.training import build_training_graph, plan_training
+    from dfdl.scheduler.cluster import parse_memory
+
     memory = parse_memory(args.memory_limit, "--memory-limit")
     if args.training:
         tg = build_training_graph(

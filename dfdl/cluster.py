@@ -16,7 +16,14 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from dfdl.errors import ConfigError
-from dfdl.scheduler.cluster import DASK_CONFIG, local_cluster, malloc_config, parse_memory
+from dfdl.scheduler.cluster import (
+    DASK_CONFIG,
+    HEAP_PRELOAD,
+    local_cluster,
+    malloc_config,
+    parse_memory,
+    pause_at_spill,
+)
 
 #: the embedded cluster (same as ``dfdl.LocalCluster``)
 local = local_cluster
@@ -46,7 +53,7 @@ def _worker_env(memory_limit: int, env: Mapping[str, str] | None) -> list[str]:
 
     settings = {
         k: v
-        for k, v in {**DASK_CONFIG, **malloc_config(memory_limit)}.items()
+        for k, v in {**DASK_CONFIG, **malloc_config(memory_limit), **pause_at_spill()}.items()
         if not k.startswith("distributed.scheduler.")  # the scheduler runs here
     }
     # dask's own channel for a config that keeps the case of its keys (DASK_* variables
@@ -131,6 +138,8 @@ def slurm(
         raise ConfigError(f"slurm: walltime must look like [D-]HH:MM:SS, not {walltime!r}")
     directives = list(job_directives)
     worker_args = list(kwargs.pop("worker_extra_args", []))
+    if HEAP_PRELOAD not in worker_args:  # freed tiles back to the system, as in local_cluster
+        worker_args += ["--preload", HEAP_PRELOAD]
     if gpus:
         directives.append(f"--gres=gpu:{gpus}")
         worker_args += ["--resources", f"GPU={gpus / processes:g}"]

@@ -34,6 +34,7 @@ from dfdl.scheduler.cluster import (
     default_workers,
     embedded_memory_limit,
     total_threads,
+    worker_memory_config,
     worker_memory_limit,
 )
 from dfdl.scheduler.monitor import Reporter
@@ -233,6 +234,8 @@ def train(
     cache: dict[int, StepPlan] = {}
     cores = total_threads(client) if client is not None else default_workers()
     limit = worker_memory_limit(client) if client is not None else embedded_memory_limit()
+    # tiles fit between the workers' own pause line and the headroom (graph.estimate)
+    thresholds = worker_memory_config(client)
 
     def spilling_plan(b: int) -> StepPlan:
         if b not in cache:
@@ -248,7 +251,8 @@ def train(
                 seed=seed,
                 loss_options=options,
             )
-            cache[b] = StepPlan(*plan_training(tg, tiles, cores=cores, memory_limit=limit))
+            with dask.config.set(thresholds):
+                cache[b] = StepPlan(*plan_training(tg, tiles, cores=cores, memory_limit=limit))
         return cache[b]
 
     first = spilling_plan(min(batch_size, n))  # model/data mismatches raise here, before any task
@@ -296,7 +300,8 @@ def train(
 
         def plans(b: int) -> StepPlan:
             if b not in chosen:
-                chosen[b] = _memory_mode(spilling_plan(b), memory, c)
+                with dask.config.set(thresholds):
+                    chosen[b] = _memory_mode(spilling_plan(b), memory, c)
             return chosen[b]
 
         first = plans(min(batch_size, n))

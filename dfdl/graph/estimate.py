@@ -19,9 +19,13 @@ the limit bounds the whole worker process, and the process's own *footprint* (th
 interpreter, numpy, numba, dfdl and its compiled kernels: :data:`DEFAULT_FOOTPRINT`,
 or dask config ``dfdl.memory.worker-footprint``) counts too. Dask spills tiles whenever
 the process passes the ``spill`` threshold, so the process's peak is its footprint plus
-its tiles, at most ``spill * limit``, plus the tasks running; the planner keeps one
-task within :data:`HEADROOM` - ``spill`` of the limit (:func:`task_budget`), so the
-peak stays under :data:`HEADROOM` of the limit, below Dask's restart threshold. With
+its tiles, at most ``spill * limit``, plus the tasks running. A worker starts tasks
+until it passes the ``pause`` threshold, so the planner keeps one task within
+:data:`HEADROOM` - ``pause`` of the limit (:func:`task_budget`, :func:`start_line`):
+the peak stays under :data:`HEADROOM` of the limit, below Dask's restart threshold.
+dfdl's own clusters pause at the spill line, which leaves a task a fifth of the limit
+(:func:`dfdl.scheduler.cluster.pause_at_spill`); the planner in :func:`dfdl.train`
+reads the thresholds from the workers. With
 those thresholds off the limit bounds only the tiles Dask manages, and the footprint
 is 0.
 
@@ -81,6 +85,20 @@ def spill_threshold() -> float:
     return float(s) if s else managed_target()
 
 
+def start_line() -> float:
+    """Share of the limit below which a worker still starts tasks: Dask's pause threshold
+    (``...memory.pause``), at least the spill line; the spill line when pausing is off.
+
+    Example:
+        >>> with dask.config.set({"distributed.worker.memory.spill": 0.7,
+        ...                       "distributed.worker.memory.pause": 0.8}):
+        ...     start_line()
+        0.8
+    """
+    pause = dask.config.get("distributed.worker.memory.pause", 0.8)
+    return max(spill_threshold(), float(pause)) if pause else spill_threshold()
+
+
 def worker_footprint() -> int:
     """The worker process's own resident bytes counted against its limit: dask config
     ``dfdl.memory.worker-footprint`` (bytes or a string like ``"300MiB"``), else
@@ -101,18 +119,21 @@ def worker_footprint() -> int:
 
 def task_budget(memory_limit: int, footprint: int, fraction: float) -> int:
     """Bytes one task may use on a worker with ``memory_limit``: ``fraction`` of it, and
-    with a ``footprint`` (process thresholds on) at most :data:`HEADROOM` - the spill
-    threshold of it, so that a task started at the spill line ends under the headroom.
+    with a ``footprint`` (process thresholds on) at most :data:`HEADROOM` - the
+    :func:`start_line` of it, so that a task started just below the pause line ends
+    under the headroom. (dfdl's clusters pause at the spill line:
+    :func:`dfdl.scheduler.cluster.pause_at_spill`.)
 
     Example:
         >>> task_budget(2**30, 0, 0.25) // 2**20
         256
-        >>> with dask.config.set({"distributed.worker.memory.spill": 0.7}):
+        >>> with dask.config.set({"distributed.worker.memory.spill": 0.7,
+        ...                       "distributed.worker.memory.pause": 0.7}):
         ...     task_budget(2**30, 224 * 2**20, 0.25) // 2**20
         204
     """
     if footprint:
-        fraction = min(fraction, HEADROOM - spill_threshold())
+        fraction = min(fraction, HEADROOM - start_line())
     return int(fraction * memory_limit)
 
 
@@ -125,7 +146,7 @@ def smallest_limit(need: int, footprint: int, fraction: float) -> int:
         1024
     """
     if footprint:
-        fraction = min(fraction, HEADROOM - spill_threshold())
+        fraction = min(fraction, HEADROOM - start_line())
     smallest = math.ceil(need / fraction)
     if footprint:
         smallest = max(smallest, math.ceil((need + footprint) / spill_threshold()))

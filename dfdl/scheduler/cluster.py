@@ -33,6 +33,8 @@ DASK_CONFIG = {
     "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 32 * 2**20,
 }
 
+#: the worker preload that installs :class:`dfdl.scheduler.heap.HeapTrimmer`
+HEAP_PRELOAD = "dfdl.scheduler.heap"
 
 #: share of a worker's memory limit that glibc may keep as free heap (not returned to the
 #: system): 128 MiB of retained heap is nothing for a worker of many GiB, but it doubled
@@ -57,6 +59,62 @@ def malloc_config(memory_limit) -> dict:
     trim = min(DASK_CONFIG[key + "MALLOC_TRIM_THRESHOLD_"], int(limit * MALLOC_KEEP_FRACTION))
     mmap = min(DASK_CONFIG[key + "MALLOC_MMAP_THRESHOLD_"], max(128 * 2**10, trim // 4))
     return {key + "MALLOC_TRIM_THRESHOLD_": trim, key + "MALLOC_MMAP_THRESHOLD_": mmap}
+
+
+def pause_at_spill() -> dict:
+    """Dask config that pauses a worker at its spill threshold (when both are on; Dask's
+    default pause is 0.8, the spill line 0.7).
+
+    A paused worker starts no task. The planner sizes tasks to start below the pause
+    line and end under :data:`dfdl.graph.estimate.HEADROOM` of the limit
+    (:func:`dfdl.graph.estimate.task_budget`): at Dask's 0.8 that leaves a tenth of the
+    limit per task, at the spill line a fifth. (Measured on a 3-D U-Net at 1 GiB, before
+    this: a task started at 79% took its worker to 96%, where the nanny restarted it.)
+
+    Example:
+        >>> with dask.config.set({"distributed.worker.memory.spill": 0.7,
+        ...                       "distributed.worker.memory.pause": 0.8}):
+        ...     pause_at_spill()
+        {'distributed.worker.memory.pause': 0.7}
+    """
+    spill = dask.config.get("distributed.worker.memory.spill", False)
+    pause = dask.config.get("distributed.worker.memory.pause", False)
+    if spill and pause and pause > spill:
+        return {"distributed.worker.memory.pause": spill}
+    return {}
+
+
+def _thresholds(dask_worker) -> dict:
+    manager = dask_worker.memory_manager
+    names = ("target", "spill", "pause", "terminate")
+    return {k: getattr(manager, f"memory_{k}_fraction", None) for k in names}
+
+
+def worker_memory_config(client=None) -> dict:
+    """Dask config entries with the memory thresholds the workers apply, for planning
+    tiles on this side: those of ``client``'s workers (the highest of each, so the most
+    cautious; a nanny's restart threshold included), else those of the embedded cluster
+    (this process's config and :func:`pause_at_spill`).
+
+    Example:
+        >>> with dask.config.set(worker_memory_config(client)):  # doctest: +SKIP
+        ...     tg, plan = plan_training(tg, memory_limit=worker_memory_limit(client))
+    """
+    if client is None:
+        return pause_at_spill()
+    found: list[dict] = []
+    for nanny in (False, True):
+        try:
+            found += list(client.run(_thresholds, nanny=nanny).values())
+        except Exception:  # noqa: BLE001 - no workers yet, or workers without nannies
+            pass
+    config = {}
+    for k in ("target", "spill", "pause", "terminate"):
+        values = [v[k] for v in found if v.get(k) is not None]
+        if values:
+            on = [float(v) for v in values if v]
+            config[f"distributed.worker.memory.{k}"] = max(on) if on else False
+    return config
 
 
 def default_workers() -> int:
@@ -105,7 +163,10 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     if kwargs["dashboard_address"] is not None:
         import dfdl.dashboard  # noqa: F401 - adds the dfdl page before the scheduler starts
 
-    with dask.config.set({**DASK_CONFIG, **malloc_config(kwargs.get("memory_limit"))}):
+    # every worker, restarted ones too, returns freed tiles to the system (heap.py)
+    preload = [*(dask.config.get("distributed.worker.preload", None) or []), HEAP_PRELOAD]
+    config = {**DASK_CONFIG, **malloc_config(kwargs.get("memory_limit")), **pause_at_spill()}
+    with dask.config.set({**config, "distributed.worker.preload": list(dict.fromkeys(preload))}):
         cluster = LocalCluster(n_workers=n_workers, **kwargs)
     try:
         with Client(cluster) as client:

@@ -10,15 +10,23 @@ heap, the worker paused at 80% with nothing left to spill, and Dask's nanny kill
 95%. ``malloc_trim(0)`` (which also frees the pages in the middle of the heap and in the
 other threads' arenas) brought the same worker to 295 MiB.
 
-:class:`HeapTrimmer` is a worker plugin that checks the free heap (``mallinfo2``) every
-``interval`` seconds and trims it when it exceeds ``fraction`` of the worker's memory
-limit. Install it with :func:`install` (``bench/beyond_memory.py`` does);
-:func:`dfdl.train` does not yet install it by itself: with it installed by every
-training, a CI run had a SIGKILLed worker that never came back (not reproduced since).
+:class:`HeapTrimmer` is a worker plugin that checks the free heap (``mallinfo2``, 8 µs)
+every ``interval`` seconds and trims it when it exceeds :func:`trim_threshold` of the
+worker's memory limit. It also trims before each of Dask's own memory measurements:
+Dask's spill loop evicts one tile at a time until the process's resident memory falls
+below its target, and an evicted tile that stays in the heap does not lower it, so
+without a trim there the loop evicts far more than it needs (for up to 0.5 s, the event
+loop blocked) and the worker pauses with nothing left to spill.
+
+Every worker of :func:`dfdl.LocalCluster` (and so of the embedded cluster) has it: the
+cluster preloads this module (``distributed.worker.preload``), whose ``dask_setup``
+installs it, also on workers the nanny restarts. For other clusters, start the workers
+with ``dask worker --preload dfdl.scheduler.heap`` (dask-jobqueue:
+``worker_extra_args=["--preload", "dfdl.scheduler.heap"]``) or call :func:`install`.
 On a system without glibc it does nothing.
 
 Example:
-    >>> client.register_plugin(HeapTrimmer())  # doctest: +SKIP
+    >>> install(Client("tcp://scheduler:8786"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -117,6 +125,7 @@ class HeapTrimmer(WorkerPlugin):
         self.interval = interval
         self.trims = 0
         self._callback = None
+        self._measure = None
 
     def setup(self, worker) -> None:
         from tornado.ioloop import PeriodicCallback
@@ -129,6 +138,15 @@ class HeapTrimmer(WorkerPlugin):
             return
         self._callback = PeriodicCallback(self._check, self.interval * 1000)
         self._callback.start()
+        monitor = getattr(worker, "monitor", None)
+        if monitor is not None:
+            self._measure = (monitor, monitor.get_process_memory)
+            monitor.get_process_memory = self._trimmed_memory
+
+    def _trimmed_memory(self) -> int:
+        # what Dask pauses and spills on: the process as it is once freed tiles are gone
+        self._check()
+        return self._measure[1]()
 
     def _check(self) -> None:
         free = free_heap_bytes()
@@ -140,6 +158,10 @@ class HeapTrimmer(WorkerPlugin):
         if self._callback is not None:
             self._callback.stop()
             self._callback = None
+        if self._measure is not None:
+            monitor, measure = self._measure
+            monitor.get_process_memory = measure
+            self._measure = None
 
 
 def install(client) -> None:
@@ -150,3 +172,15 @@ def install(client) -> None:
         >>> install(Client("tcp://scheduler:8786"))  # doctest: +SKIP
     """
     client.register_plugin(HeapTrimmer(), name=HeapTrimmer.name)
+
+
+async def dask_setup(worker) -> None:
+    """Preload hook (``dask worker --preload dfdl.scheduler.heap``): installs
+    :class:`HeapTrimmer` on the worker that starts.
+
+    Example:
+        >>> cfg = {"distributed.worker.preload": ["dfdl.scheduler.heap"]}
+        >>> dask.config.set(cfg)  # doctest: +SKIP
+    """
+    if hasattr(worker, "plugin_add"):  # a worker, not a nanny or scheduler
+        await worker.plugin_add(plugin=HeapTrimmer(), name=HeapTrimmer.name)

@@ -99,16 +99,30 @@ FOOTPRINT = 200 * 2**20
 
 @pytest.fixture
 def process_limited():
-    """Dask's process-memory thresholds on, with a 200 MiB worker footprint."""
+    """Dask's process-memory thresholds on, pausing at the spill line as dfdl's clusters
+    do, with a 200 MiB worker footprint."""
     with dask.config.set(
         {
             "dfdl.memory.worker-footprint": FOOTPRINT,
             "distributed.worker.memory.target": DASK_TARGET,
             "distributed.worker.memory.spill": DASK_SPILL,
+            "distributed.worker.memory.pause": DASK_SPILL,
             "distributed.worker.memory.terminate": 0.95,
         }
     ):
         yield
+
+
+@pytest.mark.parametrize("pause", [0.8, 0.75, False])
+def test_a_task_fits_between_the_pause_line_and_the_headroom(process_limited, pause):
+    """A worker starts tasks until it passes Dask's pause threshold, so a task must fit
+    above it; with pausing off, above the spill line."""
+    limit = 2**30
+    with dask.config.set({"distributed.worker.memory.pause": pause}):
+        start = pause or DASK_SPILL
+        assert task_budget(limit, FOOTPRINT, 0.25) == int((HEADROOM - start) * limit)
+        plan = _training_plan(memory_limit=limit)
+    assert plan.peak_task()[1] <= (HEADROOM - start) * limit
 
 
 def test_with_a_footprint_tasks_fit_between_the_spill_line_and_the_headroom(process_limited):

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import os
 
-from distributed import Client
+import dask
+import pytest
+from distributed import Client, LocalCluster
 
 from dfdl.scheduler import latency
-from dfdl.scheduler.cluster import default_workers, local_cluster, malloc_config
+from dfdl.scheduler.cluster import (
+    default_workers,
+    local_cluster,
+    malloc_config,
+    pause_at_spill,
+    worker_memory_config,
+)
 
 
 def _worker_state(dask_worker):
@@ -57,6 +65,43 @@ def test_small_memory_limits_keep_less_free_heap(monkeypatch):
     # a large worker keeps DASK_CONFIG's thresholds
     assert sorted(malloc_config(8 * 2**30).values()) == [32 * 2**20, 128 * 2**20]
     assert malloc_config("auto") == malloc_config(None) == malloc_config(0) == {}
+
+
+MEMORY = "distributed.worker.memory."
+
+
+def test_dfdl_workers_pause_at_the_spill_line_and_the_planner_reads_it():
+    with local_cluster(1, memory_limit="1GiB") as cluster, Client(cluster) as client:
+        config = worker_memory_config(client)
+    assert config[MEMORY + "pause"] == config[MEMORY + "spill"] == 0.7  # Dask's spill line
+    assert config[MEMORY + "terminate"] == 0.95  # read from the nanny
+    assert worker_memory_config() == {MEMORY + "pause": 0.7}  # the embedded cluster's
+
+
+def test_the_planner_reads_the_thresholds_of_workers_it_did_not_start():
+    """A cluster dfdl did not start keeps Dask's pause line (0.8), or its own settings."""
+    with (
+        dask.config.set({MEMORY + "spill": 0.65, MEMORY + "terminate": False}),
+        LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="1GiB") as cluster,
+        Client(cluster) as client,
+    ):
+        default_pause = dask.config.get(MEMORY + "pause")
+        config = worker_memory_config(client)
+    assert config == {
+        MEMORY + "target": 0.6,
+        MEMORY + "spill": 0.65,
+        MEMORY + "pause": default_pause,
+        MEMORY + "terminate": False,
+    }
+
+
+@pytest.mark.parametrize(
+    "spill, pause, want",
+    [(0.7, 0.8, {MEMORY + "pause": 0.7}), (0.7, 0.6, {}), (False, 0.8, {}), (0.7, False, {})],
+)
+def test_pause_at_spill_only_lowers_a_pause_line_above_spilling(spill, pause, want):
+    with dask.config.set({MEMORY + "spill": spill, MEMORY + "pause": pause}):
+        assert pause_at_spill() == want
 
 
 def test_install_on_a_plain_cluster_also_reaches_workers_started_later():

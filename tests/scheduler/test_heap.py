@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
@@ -62,13 +63,22 @@ def _plugin_trims(dask_worker) -> int | None:
     return None if plugin is None else plugin.trims
 
 
-@pytest.mark.parametrize("installed", [False, True])
-def test_a_worker_with_the_trimmer_gives_freed_memory_back(installed):
-    with (
-        dfdl.LocalCluster(1, memory_limit="2GiB", dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
-        if installed:
+def _cluster(kind: str):
+    """One 2 GiB worker: dfdl's (the trimmer preloaded), plain Dask's, or plain Dask's
+    with :func:`heap.install`."""
+    from distributed import LocalCluster
+
+    if kind == "dfdl":
+        return dfdl.LocalCluster(1, memory_limit="2GiB", dashboard_address=None)
+    return LocalCluster(
+        n_workers=1, threads_per_worker=1, memory_limit="2GiB", dashboard_address=None
+    )
+
+
+@pytest.mark.parametrize("kind", ["plain", "dfdl", "installed"])
+def test_a_worker_with_the_trimmer_gives_freed_memory_back(kind):
+    with _cluster(kind) as cluster, Client(cluster) as client:
+        if kind == "installed":
             heap.install(client)
         (idle,) = client.run(_rss).values()
         (peak,) = client.run(_fragment).values()
@@ -76,15 +86,44 @@ def test_a_worker_with_the_trimmer_gives_freed_memory_back(installed):
         deadline = time.monotonic() + 5
         while True:
             (now,) = client.run(_rss).values()
-            if not installed or now - idle < 64 * MiB or time.monotonic() > deadline:
+            if kind == "plain" or now - idle < 64 * MiB or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         (trims,) = client.run(_plugin_trims).values()
-        if installed:
-            assert trims >= 1
-            assert now - idle < 64 * MiB  # back near the idle footprint
-        else:
+        if kind == "plain":
             time.sleep(0.5)
             (now,) = client.run(_rss).values()
             assert trims is None
             assert now - idle > 128 * MiB  # without it the freed memory stays resident
+        else:
+            assert trims >= 1
+            assert now - idle < 64 * MiB  # back near the idle footprint
+
+
+def _measured_after_fragmenting(dask_worker) -> tuple[int, int]:
+    """Dask's own measurement of the worker's memory, just after freeing fragmented heap
+    (before the trimmer's periodic check can run: this holds the event loop)."""
+    plugin = dask_worker.plugins[heap.HeapTrimmer.name]
+    plugin._callback.stop()  # only the measurement may trim here
+    try:
+        rss = _fragment()
+        return rss, dask_worker.monitor.get_process_memory()
+    finally:
+        plugin._callback.start()
+
+
+def test_dask_measures_the_worker_after_freed_heap_is_trimmed():
+    """Dask's spill loop evicts a tile, then measures the process: the measurement must
+    see the tile's memory gone, or the loop evicts far more than it needs."""
+    with _cluster("dfdl") as cluster, Client(cluster) as client:
+        ((rss, measured),) = client.run(_measured_after_fragmenting).values()
+        assert rss - measured > 128 * MiB
+
+
+def test_a_restarted_worker_has_the_trimmer_again():
+    with _cluster("dfdl") as cluster, Client(cluster) as client:
+        (before,) = client.run(os.getpid).values()
+        client.restart()
+        (after,) = client.run(os.getpid).values()
+        assert after != before
+        assert None not in client.run(_plugin_trims).values()
