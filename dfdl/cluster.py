@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dfdl.errors import ConfigError
 from dfdl.scheduler.cluster import (
     DASK_CONFIG,
-    HEAP_PRELOAD,
+    WORKER_PRELOAD,
     local_cluster,
     malloc_config,
     parse_memory,
@@ -138,8 +138,8 @@ def slurm(
         raise ConfigError(f"slurm: walltime must look like [D-]HH:MM:SS, not {walltime!r}")
     directives = list(job_directives)
     worker_args = list(kwargs.pop("worker_extra_args", []))
-    if HEAP_PRELOAD not in worker_args:  # freed tiles back to the system, as in local_cluster
-        worker_args += ["--preload", HEAP_PRELOAD]
+    if WORKER_PRELOAD not in worker_args:  # as in local_cluster
+        worker_args += ["--preload", WORKER_PRELOAD]
     if gpus:
         directives.append(f"--gres=gpu:{gpus}")
         worker_args += ["--resources", f"GPU={gpus / processes:g}"]

@@ -177,7 +177,7 @@ def test_job_script_asks_for_what_was_given():
         assert line in script, (line, script)
     assert "--nworkers 2" in script and "--nthreads 4" in script
     assert "--resources GPU=1" in script
-    assert "--preload dfdl.scheduler.heap" in script  # freed heap back to the system
+    assert "--preload dfdl.scheduler.worker_setup" in script  # heap trimmer, quiet pauses
     config = script.split("DASK_INTERNAL_INHERIT_CONFIG=")[1].split()[0].strip("'")
     inherited = dask.config.deserialize(config)
     # the malloc settings dfdl gives its own workers, scaled to 16 GiB per worker

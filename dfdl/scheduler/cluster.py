@@ -33,8 +33,8 @@ DASK_CONFIG = {
     "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 32 * 2**20,
 }
 
-#: the worker preload that installs :class:`dfdl.scheduler.heap.HeapTrimmer`
-HEAP_PRELOAD = "dfdl.scheduler.heap"
+#: the worker preload of dfdl's clusters (:mod:`dfdl.scheduler.worker_setup`)
+WORKER_PRELOAD = "dfdl.scheduler.worker_setup"
 
 #: share of a worker's memory limit that glibc may keep as free heap (not returned to the
 #: system): 128 MiB of retained heap is nothing for a worker of many GiB, but it doubled
@@ -164,7 +164,7 @@ def local_cluster(n_workers: int | None = None, **kwargs):
         import dfdl.dashboard  # noqa: F401 - adds the dfdl page before the scheduler starts
 
     # every worker, restarted ones too, returns freed tiles to the system (heap.py)
-    preload = [*(dask.config.get("distributed.worker.preload", None) or []), HEAP_PRELOAD]
+    preload = [*(dask.config.get("distributed.worker.preload", None) or []), WORKER_PRELOAD]
     config = {**DASK_CONFIG, **malloc_config(kwargs.get("memory_limit")), **pause_at_spill()}
     with dask.config.set({**config, "distributed.worker.preload": list(dict.fromkeys(preload))}):
         cluster = LocalCluster(n_workers=n_workers, **kwargs)

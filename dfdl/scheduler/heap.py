@@ -18,11 +18,11 @@ below its target, and an evicted tile that stays in the heap does not lower it, 
 without a trim there the loop evicts far more than it needs (for up to 0.5 s, the event
 loop blocked) and the worker pauses with nothing left to spill.
 
-Every worker of :func:`dfdl.LocalCluster` (and so of the embedded cluster) has it: the
-cluster preloads this module (``distributed.worker.preload``), whose ``dask_setup``
-installs it, also on workers the nanny restarts. For other clusters, start the workers
-with ``dask worker --preload dfdl.scheduler.heap`` (dask-jobqueue:
-``worker_extra_args=["--preload", "dfdl.scheduler.heap"]``) or call :func:`install`.
+Every worker of dfdl's clusters has it, also after the nanny restarts it: they preload
+:mod:`dfdl.scheduler.worker_setup`, which installs it. For other clusters, start the
+workers with ``dask worker --preload dfdl.scheduler.worker_setup`` (dask-jobqueue:
+``worker_extra_args=["--preload", "dfdl.scheduler.worker_setup"]``) or call
+:func:`install`.
 On a system without glibc it does nothing.
 
 Example:
@@ -172,15 +172,3 @@ def install(client) -> None:
         >>> install(Client("tcp://scheduler:8786"))  # doctest: +SKIP
     """
     client.register_plugin(HeapTrimmer(), name=HeapTrimmer.name)
-
-
-async def dask_setup(worker) -> None:
-    """Preload hook (``dask worker --preload dfdl.scheduler.heap``): installs
-    :class:`HeapTrimmer` on the worker that starts.
-
-    Example:
-        >>> cfg = {"distributed.worker.preload": ["dfdl.scheduler.heap"]}
-        >>> dask.config.set(cfg)  # doctest: +SKIP
-    """
-    if hasattr(worker, "plugin_add"):  # a worker, not a nanny or scheduler
-        await worker.plugin_add(plugin=HeapTrimmer(), name=HeapTrimmer.name)

@@ -1,0 +1,74 @@
+"""The worker preload of dfdl's clusters: what every dfdl worker process sets up.
+
+``dask worker --preload dfdl.scheduler.worker_setup`` (dask-jobqueue:
+``worker_extra_args=["--preload", "dfdl.scheduler.worker_setup"]``) runs
+:func:`dask_setup` in the worker when it starts, and again in a worker the nanny
+restarts. :func:`dfdl.LocalCluster`, the embedded cluster and
+:func:`dfdl.cluster.slurm` preload it by themselves. It
+
+- installs :class:`dfdl.scheduler.heap.HeapTrimmer`, so the worker's resident memory
+  follows its tiles;
+- leaves Dask's "Pausing worker" / "Resuming worker" warnings out of the log when the
+  worker pauses at its spill line (:func:`dfdl.scheduler.cluster.pause_at_spill`).
+  There, pausing is how a worker that spills keeps a task from starting above the line
+  the plan counts from: a beyond-memory step logged thousands of them. A worker that
+  stays paused is still reported, by the trainer (a ``TrainingError`` naming it).
+
+Example:
+    >>> cfg = {"distributed.worker.preload": ["dfdl.scheduler.worker_setup"]}
+    >>> dask.config.set(cfg)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dfdl.scheduler.heap import HeapTrimmer
+
+#: the logger Dask's memory monitor writes its pause and resume warnings to
+MEMORY_LOGGER = "distributed.worker.memory"
+
+
+class RoutinePauses(logging.Filter):
+    """Drops Dask's pause/resume warnings (they stay at DEBUG level of the logger)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        routine = "Pausing worker" in message or "Resuming worker" in message
+        return not routine or logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def _pauses_at_spill(worker) -> bool:
+    manager = getattr(worker, "memory_manager", None)
+    spill = getattr(manager, "memory_spill_fraction", False)
+    pause = getattr(manager, "memory_pause_fraction", False)
+    return bool(spill) and pause == spill
+
+
+def quiet_routine_pauses(worker) -> bool:
+    """Leave Dask's pause/resume warnings out of ``worker``'s log when it pauses at its
+    spill line; returns whether it did.
+
+    Example:
+        >>> quiet_routine_pauses(worker)  # doctest: +SKIP
+        True
+    """
+    if not _pauses_at_spill(worker):
+        return False
+    logger = logging.getLogger(MEMORY_LOGGER)
+    if not any(isinstance(f, RoutinePauses) for f in logger.filters):
+        logger.addFilter(RoutinePauses())
+    return True
+
+
+async def dask_setup(worker) -> None:
+    """Preload hook: sets up a dfdl worker (see the module docstring).
+
+    Example:
+        >>> cfg = {"distributed.worker.preload": ["dfdl.scheduler.worker_setup"]}
+        >>> dask.config.set(cfg)  # doctest: +SKIP
+    """
+    if not hasattr(worker, "plugin_add"):  # a nanny or a scheduler
+        return
+    quiet_routine_pauses(worker)
+    await worker.plugin_add(plugin=HeapTrimmer(), name=HeapTrimmer.name)

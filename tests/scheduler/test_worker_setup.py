@@ -1,0 +1,71 @@
+"""The worker preload of dfdl's clusters (dfdl.scheduler.worker_setup), on real workers."""
+
+from __future__ import annotations
+
+import logging
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+import dfdl
+from dfdl.scheduler import heap, worker_setup
+from dfdl.scheduler.cluster import WORKER_PRELOAD
+
+PAUSE = "Worker is at %d%% memory usage. Pausing worker.  Process memory: %s"
+RESUME = "Worker is at %d%% memory usage. Resuming worker. Process memory: %s"
+OTHER = "Unmanaged memory use is high. This may indicate a memory leak"
+
+
+def _record(message: str) -> logging.LogRecord:
+    return logging.LogRecord(
+        worker_setup.MEMORY_LOGGER, logging.WARNING, __file__, 1, message, (71, "7 MiB"), None
+    )
+
+
+@pytest.mark.parametrize("message,kept", [(PAUSE, False), (RESUME, False), (OTHER, True)])
+def test_routine_pauses_drops_only_pause_and_resume(message, kept):
+    assert worker_setup.RoutinePauses().filter(_record(message)) is kept
+
+
+def test_routine_pauses_kept_when_the_logger_is_at_debug():
+    logger = logging.getLogger(worker_setup.MEMORY_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        assert worker_setup.RoutinePauses().filter(_record(PAUSE))
+    finally:
+        logger.setLevel(level)
+
+
+def _setup(dask_worker) -> tuple[bool, bool, bool]:
+    """(trimmer installed, pause warning logged, other warning logged) on the worker."""
+    logger = logging.getLogger(worker_setup.MEMORY_LOGGER)
+    return (
+        heap.HeapTrimmer.name in dask_worker.plugins,
+        bool(logger.filter(_record(PAUSE))),
+        bool(logger.filter(_record(OTHER))),
+    )
+
+
+def test_dfdl_workers_pause_quietly_at_the_spill_line():
+    with (
+        dfdl.LocalCluster(1, memory_limit="1GiB", dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        (setup,) = client.run(_setup).values()
+        assert setup == (True, False, True)
+
+
+def test_workers_pausing_above_the_spill_line_keep_dasks_warnings():
+    """Preloaded on a cluster that keeps Dask's pause (0.8) above its spill line (0.7):
+    pausing is not routine there, so its warnings stay."""
+    with (
+        dask.config.set({"distributed.worker.preload": [WORKER_PRELOAD]}),
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, memory_limit="1GiB", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        (setup,) = client.run(_setup).values()
+        assert setup == (True, True, True)
