@@ -148,8 +148,6 @@ def local_cluster(n_workers: int | None = None, **kwargs):
         >>> cluster = dfdl.LocalCluster(2, memory_limit="1GiB",  # doctest: +SKIP
         ...                             local_directory="/scratch/me")
     """
-    from distributed import LocalCluster
-
     if n_workers is None:
         n_workers = 1
         kwargs.setdefault("threads_per_worker", default_workers())
@@ -167,7 +165,7 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     preload = [*(dask.config.get("distributed.worker.preload", None) or []), WORKER_PRELOAD]
     config = {**DASK_CONFIG, **malloc_config(kwargs.get("memory_limit")), **pause_at_spill()}
     with dask.config.set({**config, "distributed.worker.preload": list(dict.fromkeys(preload))}):
-        cluster = LocalCluster(n_workers=n_workers, **kwargs)
+        cluster = _restart_safe_local_cluster()(n_workers=n_workers, **kwargs)
     try:
         with Client(cluster) as client:
             latency.install(client)
@@ -175,6 +173,48 @@ def local_cluster(n_workers: int | None = None, **kwargs):
         cluster.close()
         raise
     return cluster
+
+
+def _restart_safe_local_cluster():
+    """``distributed.LocalCluster`` whose workers stay in ``cluster.workers`` across
+    nanny restarts.
+
+    SpecCluster drops a worker's nanny when, ``distributed.deploy.lost-worker-timeout``
+    (15 s) after the worker left, no worker of that name is registered. The timer does
+    not know about restarts in between: a worker killed, restarted, and killed again
+    just before an earlier timer fires (while its nanny restarts it, about 1.5 s here)
+    lost its nanny for good, and the cluster stayed one worker short (measured: about
+    one in 20 SIGKILLs 6-10 s apart). Here the timer only drops the nanny when no worker
+    of that name registered since it left.
+    """
+    import asyncio
+
+    from dask.utils import parse_timedelta
+    from distributed import LocalCluster
+    from distributed.deploy.cluster import Cluster
+
+    class RestartSafeLocalCluster(LocalCluster):
+        def _update_worker_status(self, op, msg):
+            registered = self.__dict__.setdefault("_dfdl_registered", {})
+            if op == "add":
+                for info in msg.get("workers", {}).values():
+                    registered[info.get("name")] = registered.get(info.get("name"), 0) + 1
+            elif op == "remove":
+                name = self.scheduler_info["workers"][msg]["name"]
+                seen = registered.get(name, 0)
+
+                def drop_if_still_lost():
+                    names = {d["name"] for d in self.scheduler_info["workers"].values()}
+                    back = registered.get(name, 0) != seen or name in names
+                    if name in self.workers and not back:
+                        self._futures.add(asyncio.ensure_future(self.workers[name].close()))
+                        del self.workers[name]
+
+                delay = parse_timedelta(dask.config.get("distributed.deploy.lost-worker-timeout"))
+                asyncio.get_running_loop().call_later(delay, drop_if_still_lost)
+            Cluster._update_worker_status(self, op, msg)  # not SpecCluster's own timer
+
+    return RestartSafeLocalCluster
 
 
 def parse_memory(value, name: str = "memory_limit") -> int | None:

@@ -130,3 +130,55 @@ def test_byte_batches_stay_under_the_budget():
     assert len(parts) == 4
     assert byte_batches(sizes, None) == [range(7)]
     assert byte_batches([], 8) == [range(0)]
+
+
+def _kill(name, client, cluster) -> None:
+    import signal
+
+    pid = cluster.workers[name].process.pid
+    os.kill(pid, signal.SIGKILL)
+
+
+def _names(client) -> set:
+    return {w["name"] for w in client.scheduler_info()["workers"].values()}
+
+
+def _wait_for(predicate, timeout: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_worker_killed_again_while_an_earlier_loss_timer_runs_keeps_its_nanny():
+    """Dask's SpecCluster drops a nanny when, lost-worker-timeout after its worker left,
+    no worker of that name is registered: a worker killed a second time just before the
+    first kill's timer fires is restarting then, and lost its nanny for good."""
+    import time
+
+    timeout = 4.0
+    with (
+        dask.config.set({"distributed.deploy.lost-worker-timeout": f"{timeout}s"}),
+        local_cluster(2) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(2, timeout=30)
+        first = time.monotonic()
+        _kill(1, client, cluster)
+        assert _wait_for(lambda: 1 not in _names(client), 10)
+        assert _wait_for(lambda: 1 in _names(client), 10)  # restarted by its nanny
+        time.sleep(max(0.0, first + timeout - 0.5 - time.monotonic()))
+        _kill(1, client, cluster)
+        assert _wait_for(lambda: 1 not in _names(client), 10)
+        while time.monotonic() < first + timeout + 0.2:
+            lost_when_the_timer_fired = 1 not in _names(client)
+            time.sleep(0.02)
+        assert lost_when_the_timer_fired  # the race this test is about did happen
+        assert _wait_for(lambda: len(_names(client)) == 2, 30)
+        time.sleep(timeout)  # the second kill's timer finds the worker back
+        assert sorted(cluster.workers) == [0, 1]
+        assert len(_names(client)) == 2
