@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 from collections.abc import Iterator
@@ -84,10 +85,13 @@ def pause_at_spill() -> dict:
     return {}
 
 
+#: Dask's worker memory thresholds (``distributed.worker.memory.<name>``)
+THRESHOLDS = ("target", "spill", "pause", "terminate")
+
+
 def _thresholds(dask_worker) -> dict:
     manager = dask_worker.memory_manager
-    names = ("target", "spill", "pause", "terminate")
-    return {k: getattr(manager, f"memory_{k}_fraction", None) for k in names}
+    return {k: getattr(manager, f"memory_{k}_fraction", None) for k in THRESHOLDS}
 
 
 def worker_memory_config(client=None) -> dict:
@@ -109,7 +113,7 @@ def worker_memory_config(client=None) -> dict:
         except Exception:  # noqa: BLE001 - no workers yet, or workers without nannies
             pass
     config = {}
-    for k in ("target", "spill", "pause", "terminate"):
+    for k in THRESHOLDS:
         values = [v[k] for v in found if v.get(k) is not None]
         if values:
             on = [float(v) for v in values if v]
@@ -161,7 +165,7 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     if kwargs["dashboard_address"] is not None:
         import dfdl.dashboard  # noqa: F401 - adds the dfdl page before the scheduler starts
 
-    # every worker, restarted ones too, returns freed tiles to the system (heap.py)
+    # every worker, restarted ones too, runs dfdl's worker setup (worker_setup.py)
     preload = [*(dask.config.get("distributed.worker.preload", None) or []), WORKER_PRELOAD]
     config = {**DASK_CONFIG, **malloc_config(kwargs.get("memory_limit")), **pause_at_spill()}
     with dask.config.set({**config, "distributed.worker.preload": list(dict.fromkeys(preload))}):
@@ -175,6 +179,7 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     return cluster
 
 
+@functools.cache
 def _restart_safe_local_cluster():
     """``distributed.LocalCluster`` whose workers stay in ``cluster.workers`` across
     nanny restarts.
