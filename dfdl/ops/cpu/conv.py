@@ -18,6 +18,9 @@ import numpy as np
 
 #: upper bound on one im2col/col2im buffer (bytes)
 COLS_BYTES = 4 << 20
+#: fewest channels per group for the channels-last path (each kernel offset copies this
+#: many contiguous values; with fewer, the channels-first rows are the longer runs)
+CL_MIN_CHANNELS = 4
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -107,6 +110,76 @@ def _col2im(cols, col0, r0, r1, in_h, in_w, y, k, s, d, p):
                     row += 1
 
 
+@numba.njit(cache=True, nogil=True)
+def _im2col_cl(x, cols, row0, out_d, out_h, out_w, k, s, d, p, c0, cg):
+    """Channels-last im2col of one sample ``x`` (D, H, W, C): output position q (row-major
+    over (out_d, out_h, out_w)) fills ``cols[row0 + q]`` with channels ``c0:c0+cg`` at
+    each kernel offset, column ((i*kh + j)*kw + l)*cg + c, zero where padded."""
+    n_d, n_h, n_w, n_c = x.shape
+    xf = x.reshape(x.size)
+    cf = cols.reshape(cols.size)
+    ucg = np.uint64(cg)
+    dst = np.uint64(row0 * cols.shape[1])
+    for od in range(out_d):
+        for oh in range(out_h):
+            for ow in range(out_w):
+                for i in range(k[0]):
+                    iz = od * s[0] + i * d[0] - p[0]
+                    for j in range(k[1]):
+                        iy = oh * s[1] + j * d[1] - p[1]
+                        for l in range(k[2]):
+                            ix = ow * s[2] + l * d[2] - p[2]
+                            if 0 <= iz < n_d and 0 <= iy < n_h and 0 <= ix < n_w:
+                                src = np.uint64(((iz * n_h + iy) * n_w + ix) * n_c + c0)
+                                for t in range(ucg):
+                                    cf[dst + t] = xf[src + t]
+                            else:
+                                for t in range(ucg):
+                                    cf[dst + t] = 0
+                            dst += ucg
+
+
+@numba.njit(cache=True, nogil=True)
+def _col2im_cl(cols, row0, in_d, in_h, in_w, y, k, s, d, p, c0, cg):
+    """Channels-last col2im: input position q (row-major over (in_d, in_h, in_w)) adds
+    ``cols[row0 + q]`` (columns ordered as in :func:`_im2col_cl`) into channels
+    ``c0:c0+cg`` of one sample ``y`` (D, H, W, C) at q*s + o*d - p."""
+    n_d, n_h, n_w, n_c = y.shape
+    yf = y.reshape(y.size)
+    cf = cols.reshape(cols.size)
+    ucg = np.uint64(cg)
+    src = np.uint64(row0 * cols.shape[1])
+    for iz in range(in_d):
+        for iy in range(in_h):
+            for ix in range(in_w):
+                for i in range(k[0]):
+                    oz = iz * s[0] + i * d[0] - p[0]
+                    for j in range(k[1]):
+                        oy = iy * s[1] + j * d[1] - p[1]
+                        for l in range(k[2]):
+                            ox = ix * s[2] + l * d[2] - p[2]
+                            if 0 <= oz < n_d and 0 <= oy < n_h and 0 <= ox < n_w:
+                                dst = np.uint64(((oz * n_h + oy) * n_w + ox) * n_c + c0)
+                                for t in range(ucg):
+                                    yf[dst + t] += cf[src + t]
+                            src += ucg
+
+
+def _channels_last(x: np.ndarray) -> np.ndarray:
+    """(N, C, D, H, W) -> a contiguous (N, D, H, W, C) copy."""
+    return np.ascontiguousarray(np.moveaxis(x, 1, -1))
+
+
+def _cl_samples(npos: int, kk: int, channels: int, itemsize: int) -> int:
+    """Samples per block of the channels-last path, 0 where it does not apply: one
+    sample's cols (``npos`` x ``kk``) must fit ``COLS_BYTES`` and the channels copied per
+    kernel offset (``channels``) must be at least ``CL_MIN_CHANNELS``."""
+    sample_bytes = max(1, npos * kk * itemsize)
+    if channels < CL_MIN_CHANNELS or sample_bytes > COLS_BYTES:
+        return 0
+    return COLS_BYTES // sample_bytes
+
+
 def _to3d(values, fill: int) -> np.ndarray:
     values = tuple(values)
     return np.array((fill,) * (3 - len(values)) + values, dtype=np.int64)
@@ -179,8 +252,14 @@ def conv_cpu(
     rows, npos = out_d * out_h, out_d * out_h * out_w
     kk = cg * int(np.prod(k))
     w2 = np.ascontiguousarray(W).reshape(group, mg, kk)
-    y = np.empty((n, m, npos), X.dtype)
     pointwise = kk == cg and not p.any() and (s == 1).all() and npos == x[0, 0].size
+    per = 0 if pointwise else _cl_samples(npos, kk, cg, X.itemsize)
+    if per:
+        y = _conv_cl(x, W, group, per, (out_d, out_h, out_w), k, s, d, p)
+        if B is not None:
+            y += B.reshape(1, m, 1)
+        return y.reshape((n, m, *geo.out))
+    y = np.empty((n, m, npos), X.dtype)
     blocks, width = ([], 0) if pointwise else _plan(n, rows, out_w, kk, X.itemsize)
     buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block
     for g in range(group):
@@ -201,6 +280,82 @@ def conv_cpu(
     if B is not None:
         y += B.reshape(1, m, 1)
     return y.reshape((n, m, *geo.out))
+
+
+def _conv_cl(x, W, group, per, out, k, s, d, p) -> np.ndarray:
+    """Conv of ``x`` (N, C, D, H, W) as (N, C_out, positions), channels-last: per block of
+    ``per`` samples, ``cols`` (positions x C/g*k) from :func:`_im2col_cl`, then
+    ``cols @ W_g^T`` (positions x C_out/g). Long contiguous copies whatever the image
+    width, and the positions are the GEMM's long side."""
+    n, c = x.shape[:2]
+    m = W.shape[0]
+    cg, mg, kv = c // group, m // group, int(np.prod(k))
+    npos = int(np.prod(out))
+    # (C_out, C/g, k) -> (group, C_out/g, k * C/g), the column order of _im2col_cl
+    wcl = np.ascontiguousarray(W.reshape(group, mg, cg, kv).transpose(0, 1, 3, 2))
+    wcl = wcl.reshape(group, mg, kv * cg)
+    per = min(per, n)
+    cols = np.empty((per * npos, kv * cg), x.dtype)
+    ycl = np.empty((per * npos, m), x.dtype)
+    y = np.empty((n, m, npos), x.dtype)
+    for n0 in range(0, n, per):
+        nb = min(per, n - n0)
+        xcl = _channels_last(x[n0 : n0 + nb])
+        for g in range(group):
+            for i in range(nb):
+                _im2col_cl(xcl[i], cols, i * npos, *out, k, s, d, p, g * cg, cg)
+            np.matmul(cols[: nb * npos], wcl[g].T, out=ycl[: nb * npos, g * mg : (g + 1) * mg])
+        y[n0 : n0 + nb] = ycl[: nb * npos].reshape(nb, npos, m).transpose(0, 2, 1)
+    return y
+
+
+def _conv_grad_weight_cl(x, dy, group, per, out, k, s, d, p) -> np.ndarray:
+    """dW of a Conv as (group, C_out/g, C/g, k), channels-last: per block of ``per``
+    samples, ``dW_g += dY_g^T @ cols`` with dY as (positions x C_out)."""
+    n, c = x.shape[:2]
+    m = dy.shape[1]
+    cg, mg, kv = c // group, m // group, int(np.prod(k))
+    npos = int(np.prod(out))
+    per = min(per, n)
+    cols = np.empty((per * npos, kv * cg), x.dtype)
+    dw = np.zeros((group, mg, kv * cg), x.dtype)
+    for n0 in range(0, n, per):
+        nb = min(per, n - n0)
+        xcl = _channels_last(x[n0 : n0 + nb])
+        dycl = _channels_last(dy[n0 : n0 + nb]).reshape(nb * npos, m)
+        for g in range(group):
+            for i in range(nb):
+                _im2col_cl(xcl[i], cols, i * npos, *out, k, s, d, p, g * cg, cg)
+            dw[g] += dycl[:, g * mg : (g + 1) * mg].T @ cols[: nb * npos]
+    # (group, C_out/g, k * C/g) -> (group, C_out/g, C/g, k)
+    return dw.reshape(group, mg, kv, cg).transpose(0, 1, 3, 2)
+
+
+def _scatter_cl(x, W, group, per, out, k, s, d, p) -> np.ndarray:
+    """:func:`_scatter` channels-last: per block of ``per`` samples, ``cols = x @ W_g``
+    (input positions x k*C_out/g), then :func:`_col2im_cl`; returns (N, C_out, D, H, W)."""
+    n, c = x.shape[:2]
+    mg = W.shape[1]
+    m, cg, kv = mg * group, c // group, int(np.prod(k))
+    in_sp = x.shape[2:]
+    npos = int(np.prod(in_sp))
+    # (C, C_out/g, k) -> (group, C/g, k * C_out/g), the column order of _col2im_cl
+    wcl = np.ascontiguousarray(W.reshape(group, cg, mg, kv).transpose(0, 1, 3, 2))
+    wcl = wcl.reshape(group, cg, kv * mg)
+    per = min(per, n)
+    cols = np.empty((per * npos, kv * mg), x.dtype)
+    ycl = np.empty((per, *out, m), x.dtype)
+    y = np.empty((n, m, *out), x.dtype)
+    for n0 in range(0, n, per):
+        nb = min(per, n - n0)
+        xcl = _channels_last(x[n0 : n0 + nb]).reshape(nb * npos, c)
+        ycl[:nb] = 0
+        for g in range(group):
+            np.matmul(xcl[:, g * cg : (g + 1) * cg], wcl[g], out=cols[: nb * npos])
+            for i in range(nb):
+                _col2im_cl(cols, i * npos, *in_sp, ycl[i], k, s, d, p, g * mg, mg)
+        y[n0 : n0 + nb] = np.moveaxis(ycl[:nb], -1, 1)
+    return y
 
 
 def conv_transpose_cpu(
@@ -255,6 +410,10 @@ def _scatter(X, W, group, kernel, strides, dilations, pads_begin, out) -> np.nda
     kk = mg * int(np.prod(k))
     # (group, C/g, C_out/g * k) -> (group, C_out/g * k, C/g): cols = wt @ x
     wt = np.ascontiguousarray(W.reshape(group, cg, kk).transpose(0, 2, 1))
+    per = _cl_samples(npos, kk, mg, X.itemsize)
+    if per:
+        x5 = x.reshape(n, c, in_d, in_h, in_w)
+        return _scatter_cl(x5, W, group, per, tuple(int(v) for v in _to3d(out, 1)), k, s, d, p)
     y = np.zeros((n, m, *_to3d(out, 1)), X.dtype)
     blocks, width = _plan(n, rows, in_w, kk, X.itemsize)
     buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block
@@ -339,6 +498,10 @@ def conv_grad_weight_cpu(
     rows, npos = out_d * out_h, out_d * out_h * out_w
     kk = cg * int(np.prod(k))
     dy = np.ascontiguousarray(dY).reshape(n, m, npos)
+    per = _cl_samples(npos, kk, cg, X.itemsize)
+    if per:
+        dw = _conv_grad_weight_cl(x, dy, group, per, (out_d, out_h, out_w), k, s, d, p)
+        return dw.reshape(wshape)
     dw = np.zeros((group, mg, kk), X.dtype)
     blocks, width = _plan(n, rows, out_w, kk, X.itemsize)
     buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block

@@ -1,0 +1,91 @@
+"""The CPU convolution kernels in both of their layouts.
+
+``dfdl.ops.cpu.conv`` runs a convolution channels-last (per block of samples) where a
+sample's im2col buffer is small and the groups have enough channels, channels-first
+otherwise. The registry's cases (``tests/ops/cases_conv.py``) mostly have too few
+channels for the channels-last path, so here every conv-family case runs through each
+path, with blocks of one sample, of two (five samples: a short last block) and of all
+samples, against the case's reference (float32 and float64 cases: other dtypes take the
+numpy forward).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dfdl.ops import REGISTRY
+from dfdl.ops.cpu import conv
+from tests.ops.test_registry import CASES, assert_matches
+
+CONV_OPS = ("Conv", "ConvTranspose", "ConvGradInput", "ConvGradWeight")
+CONV_CASES = [
+    c
+    for c in CASES
+    if c.op in CONV_OPS
+    and all(np.asarray(x).dtype in (np.float32, np.float64) for x in c.inputs if x is not None)
+]
+
+#: samples per channels-last block; 0: channels-first
+LAYOUTS = {"channels_first": 0, "cl_blocks_of_1": 1, "cl_blocks_of_2": 2, "cl_one_block": 64}
+
+
+def _spy(monkeypatch, name: str, calls: list) -> None:
+    real = getattr(conv, name)
+
+    def counted(*args):
+        calls.append(name)
+        return real(*args)
+
+    monkeypatch.setattr(conv, name, counted)
+
+
+def test_every_conv_op_has_cases_here():
+    assert {c.op for c in CONV_CASES} == set(CONV_OPS)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: c.name())
+def test_kernel_matches_reference_in_each_layout(case, layout, monkeypatch):
+    per = LAYOUTS[layout]
+    monkeypatch.setattr(conv, "_cl_samples", lambda *args: per)
+    calls: list = []
+    _spy(monkeypatch, "_im2col_cl", calls)
+    _spy(monkeypatch, "_col2im_cl", calls)
+    got = REGISTRY[case.key].kernels["cpu"](*case.inputs, **case.attrs)
+    assert_matches(got, case.expected()[0], case, f"{layout} kernel")
+    pointwise_conv = case.op == "Conv" and "pointwise" in case.id
+    if per and not pointwise_conv:  # a 1x1 stride-1 Conv is a plain GEMM either way
+        assert calls, "the channels-last path was not taken"
+    if not per:
+        assert not calls, "the channels-first path ran channels-last kernels"
+
+
+def test_channels_last_applies_to_small_samples_with_enough_channels(monkeypatch):
+    monkeypatch.setattr(conv, "COLS_BYTES", 1000)
+    monkeypatch.setattr(conv, "CL_MIN_CHANNELS", 4)
+    assert conv._cl_samples(npos=10, kk=25, channels=4, itemsize=4) == 1  # 1000 bytes
+    assert conv._cl_samples(npos=5, kk=20, channels=8, itemsize=4) == 2  # 400 bytes
+    assert conv._cl_samples(npos=10, kk=26, channels=4, itemsize=4) == 0  # over the budget
+    assert conv._cl_samples(npos=5, kk=20, channels=3, itemsize=4) == 0  # too few channels
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_resnet_like_shapes_take_the_channels_last_path_by_default(dtype, monkeypatch):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 16, 9, 8)).astype(dtype)
+    w = rng.standard_normal((24, 16, 3, 3)).astype(dtype)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
+    calls: list = []
+    _spy(monkeypatch, "_im2col_cl", calls)
+    _spy(monkeypatch, "_col2im_cl", calls)
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    conv_op, gi, gw = (REGISTRY[k] for k in ("Conv", "dfdl.ConvGradInput", "dfdl.ConvGradWeight"))
+    y = conv_op.kernels["cpu"](x, w, **attrs)
+    np.testing.assert_allclose(y, conv_op.forward(x, w, **attrs), **tol)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    dx = gi.kernels["cpu"](dy, w, input_shape=list(x.shape), **attrs)
+    np.testing.assert_allclose(dx, gi.forward(dy, w, input_shape=list(x.shape), **attrs), **tol)
+    dw = gw.kernels["cpu"](x, dy, weight_shape=list(w.shape), **attrs)
+    np.testing.assert_allclose(dw, gw.forward(x, dy, weight_shape=list(w.shape), **attrs), **tol)
+    assert calls.count("_im2col_cl") > 0 and calls.count("_col2im_cl") > 0
