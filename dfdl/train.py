@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dask
@@ -63,6 +63,8 @@ logger = logging.getLogger("dfdl")
 
 #: steps per graph submission when ``unroll`` is not given
 DEFAULT_UNROLL = 4
+#: fuse single-consumer tasks into their consumer where the plan allows it (:func:`_fusing`)
+FUSE_TASKS = True
 
 
 @dataclass
@@ -91,6 +93,9 @@ class TrainResult:
             so that training went back to the initial weights or the latest
             checkpoint and replayed the steps since (the result is the same either
             way; see :mod:`dfdl.scheduler.recovery`).
+        fused: whether the steps ran with single-consumer tasks fused into their
+            consumer (:mod:`dfdl.graph.fuse`, fewer and larger tasks, the same values):
+            off where the plan recomputes or its estimate spills.
     """
 
     history: dict[str, list] = field(default_factory=dict)
@@ -100,6 +105,7 @@ class TrainResult:
     tiles: dict[str, int] | str | None = None
     recomputed: list[str] = field(default_factory=list)
     rollbacks: int = 0
+    fused: bool = False
 
     def save(self, path) -> None:
         """Write the trained model as an ONNX file (onnxruntime runs it)."""
@@ -301,7 +307,7 @@ def train(
         def plans(b: int) -> StepPlan:
             if b not in chosen:
                 with dask.config.set(thresholds):
-                    chosen[b] = _memory_mode(spilling_plan(b), memory, c)
+                    chosen[b] = _fusing(_memory_mode(spilling_plan(b), memory, c), c)
             return chosen[b]
 
         first = plans(min(batch_size, n))
@@ -453,6 +459,7 @@ def train(
         first.plan.tiles,
         sorted(set(first.tg.recomputed.values())),
         rollbacks,
+        bool(chosen) and all(sp.fuse for sp in chosen.values()),
     )
 
 
@@ -465,20 +472,35 @@ def _model_name(model, proto: onnx.ModelProto) -> str:
     return proto.graph.name or "model"
 
 
+def _estimate(sp: StepPlan, client):
+    """The plan's memory estimate on the client's workers, at their spill target."""
+    nthreads = client.nthreads()
+    target = dask.config.get("distributed.worker.memory.target", None)
+    return estimate_memory(
+        sp.plan,
+        workers=len(nthreads),
+        threads_per_worker=max(nthreads.values()),
+        target=target if isinstance(target, float) else DASK_TARGET,
+    )
+
+
+def _fusing(sp: StepPlan, client) -> StepPlan:
+    """The step plan, fusing single-consumer tasks (:mod:`dfdl.graph.fuse`) unless it
+    recomputes or its estimate spills: a fused task holds its producers' inputs until it
+    runs, which a beyond-memory plan (tiles sized to a per-task budget) does not count."""
+    if sp.tg.recomputed or not FUSE_TASKS:
+        return sp
+    fits = sp.plan.memory_limit is None or _estimate(sp, client).spilled_per_step <= 0
+    return replace(sp, fuse=fits)
+
+
 def _memory_mode(sp: StepPlan, memory: str, client) -> StepPlan:
     """The step plan with the segments ``memory`` recomputes (see :func:`train`)."""
     if memory == "spill":
         return sp
     segs = sp.tg.segments()
     if memory == "auto":
-        nthreads = client.nthreads()
-        target = dask.config.get("distributed.worker.memory.target", None)
-        est = estimate_memory(
-            sp.plan,
-            workers=len(nthreads),
-            threads_per_worker=max(nthreads.values()),
-            target=target if isinstance(target, float) else DASK_TARGET,
-        )
+        est = _estimate(sp, client)
         if est.spilled_per_step <= 0:
             return sp
         speeds = cluster_speeds(client)

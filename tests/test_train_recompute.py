@@ -74,6 +74,7 @@ def test_recompute_equals_spill_bit_for_bit(capped):
         np.testing.assert_array_equal(rc.params[k], spill.params[k], err_msg=k)
     assert spill.recomputed == []
     assert rc.recomputed and all(not n.endswith(".recompute") for n in rc.recomputed)
+    assert not rc.fused and not spill.fused  # beyond-memory plans run their tasks unfused
     # the spilling run really ran beyond the workers' memory
     assert sum(spill.history["spilled_bytes"]) > 0
 
@@ -97,6 +98,7 @@ def test_auto_recomputes_what_is_cheaper_than_spilling(capped):
 
 def test_unlimited_same_plan_equals_capped_recompute(capped, data, client):
     free = _fit(client, data, "spill", tiles=capped["recompute"].tiles)
+    assert free.fused  # fits: its tasks ran fused, with the same numbers
     assert free.history["loss"] == capped["recompute"].history["loss"]
     auto = _fit(client, data, "auto", tiles=capped["recompute"].tiles)
     assert auto.recomputed == []  # nothing would spill: nothing recomputed

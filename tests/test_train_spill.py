@@ -97,6 +97,8 @@ def test_the_plan_was_split_to_fit_the_limit(capped, client, data):
 def test_capped_losses_equal_the_unlimited_run_bit_for_bit(capped, client, data):
     free = _train(client, data, tiles=capped.tiles)  # the same plan, no memory limit
     assert sum(free.history["spilled_bytes"]) == 0
+    # the capped plan spills, so its tasks ran unfused; the free run fused them
+    assert not capped.fused and free.fused
     assert capped.history["loss"] == free.history["loss"]
     for k in free.params:
         np.testing.assert_array_equal(capped.params[k], free.params[k])

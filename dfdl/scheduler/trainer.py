@@ -22,6 +22,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
+from dfdl.graph.fuse import fuse_into_consumers
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
 from dfdl.graph.training import TrainingGraph
@@ -37,6 +38,7 @@ class StepPlan:
 
     tg: TrainingGraph
     plan: Plan
+    fuse: bool = False  # fuse single-consumer tasks (dfdl.graph.fuse) when submitting
 
 
 @dataclass
@@ -163,8 +165,10 @@ def run_steps(
     refs = dict(state.refs)
     chunks = dict(state.chunks)
     loss_keys: list[tuple[int, Any]] = []
+    fuse = True
     for s in steps:
         sp = plans(len(next(iter(s.arrays.values()))))
+        fuse = fuse and sp.fuse
         tg, plan = sp.tg, sp.plan
         sources = _batch_sources(plan, s.arrays, s.step, client, dsk, keep, token)
         for name, value in s.scalars.items():
@@ -202,6 +206,8 @@ def run_steps(
         | {k for _, (k, _) in loss_keys},
         key=str,
     )
+    if fuse:
+        dsk = fuse_into_consumers(dsk, keep=wanted)
     t1 = time.perf_counter()
     futures = dict(zip(wanted, client.get(dsk, wanted, sync=False)))
     if timings is not None:

@@ -1,0 +1,102 @@
+"""Task fusion (dfdl.graph.fuse): fewer tasks, the same values, no lost parallelism."""
+
+from __future__ import annotations
+
+import operator
+import sys
+
+import numpy as np
+import pytest
+from dask.local import get_sync
+from dask.task_spec import DataNode, Task, TaskRef
+
+import dfdl
+import dfdl.models
+from dfdl.graph.fuse import fuse_into_consumers
+
+train_module = sys.modules["dfdl.train"]
+
+
+def _t(key, fn, *args):
+    return Task(key, fn, *(TaskRef(a) if isinstance(a, str) else a for a in args))
+
+
+def _values(dsk, keys):
+    return dict(zip(keys, get_sync(dsk, keys)))
+
+
+def test_a_chain_runs_in_its_last_task_with_an_earlier_input():
+    dsk = {
+        "w": DataNode("w", 3.0),
+        "x": _t("x", operator.mul, "w", 2.0),  # level 1, read by c and by y
+        "a": _t("a", operator.add, "x", 1.0),  # level 2, read by b only
+        "b": _t("b", operator.mul, "a", 10.0),  # level 3, read by c only
+        "y": _t("y", operator.neg, "x"),
+        "c": _t("c", operator.sub, "b", "x"),  # x is of a lower level than b
+    }
+    fused = fuse_into_consumers(dsk, keep=["c", "y"])
+    assert set(fused) == {"w", "x", "y", "c"}
+    assert _values(fused, ["c", "y"]) == _values(dsk, ["c", "y"]) == {"c": 64.0, "y": -6.0}
+
+
+def test_siblings_of_one_sum_stay_separate_tasks():
+    dsk = {
+        "x1": DataNode("x1", 1.0),
+        "x2": DataNode("x2", 2.0),
+        "p1": _t("p1", operator.mul, "x1", 3.0),
+        "p2": _t("p2", operator.mul, "x2", 3.0),
+        "s": _t("s", operator.add, "p1", "p2"),
+    }
+    fused = fuse_into_consumers(dsk, keep=["s"])
+    assert set(fused) == set(dsk)  # p1 and p2 have the same level: they run side by side
+    assert _values(fused, ["s"]) == {"s": 9.0}
+
+
+def test_a_value_with_two_readers_or_requested_stays():
+    dsk = {
+        "x": DataNode("x", 2.0),
+        "a": _t("a", operator.neg, "x"),  # read twice
+        "b": _t("b", operator.add, "a", 1.0),
+        "c": _t("c", operator.add, "a", 2.0),
+        "d": _t("d", operator.neg, "b"),  # b is requested
+    }
+    fused = fuse_into_consumers(dsk, keep=["b", "c", "d"])
+    assert set(fused) == set(dsk)
+    assert _values(fused, ["b", "c", "d"]) == {"b": -1.0, "c": 0.0, "d": 1.0}
+
+
+def test_data_nodes_are_not_fused():
+    dsk = {"x": DataNode("x", np.arange(3)), "s": _t("s", np.sum, "x")}
+    assert set(fuse_into_consumers(dsk, keep=["s"])) == {"x", "s"}
+
+
+@pytest.fixture(scope="module")
+def resnet_like():
+    return dfdl.models.resnet(
+        in_channels=2, image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3
+    )
+
+
+def _train(model, client, fuse: bool, monkeypatch):
+    from distributed import get_task_stream
+
+    monkeypatch.setattr(train_module, "FUSE_TASKS", fuse)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 2, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, size=16)
+    with get_task_stream(client) as ts:
+        res = dfdl.train(
+            model, (x, y), optimizer=dfdl.optim.Adam(lr=1e-2), batch_size=8, steps=3,
+            shuffle=False, client=client, progress=False, tiles={"batch": 2, "model": 1},
+        )  # fmt: skip
+    return res, len(ts.data)
+
+
+def test_fused_training_is_bit_identical_with_fewer_tasks(client, resnet_like, monkeypatch):
+    plain, n_plain = _train(resnet_like, client, False, monkeypatch)
+    fused, n_fused = _train(resnet_like, client, True, monkeypatch)
+    assert fused.fused and not plain.fused
+    assert fused.history["loss"] == plain.history["loss"]
+    for k, v in plain.params.items():
+        np.testing.assert_array_equal(fused.params[k], v, err_msg=k)
+    assert n_fused < 0.8 * n_plain, (n_fused, n_plain)
