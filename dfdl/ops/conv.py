@@ -246,7 +246,7 @@ def _conv_tile(ctx: TileContext) -> TileSpec:
     )
 
 
-@register("Conv", shape=_conv_shape, tile=_conv_tile, kernels={"cpu": conv_cpu})
+@register("Conv", shape=_conv_shape, tile=_conv_tile, kernels={"cpu": conv_cpu}, contraction=True)
 def Conv(
     X,
     W,
@@ -339,6 +339,7 @@ def _conv_transpose_tile(ctx: TileContext) -> TileSpec:
     shape=_conv_transpose_shape,
     tile=_conv_transpose_tile,
     kernels={"cpu": conv_transpose_cpu},
+    contraction=True,
 )
 def ConvTranspose(
     X,
@@ -457,6 +458,7 @@ def _conv_grad_input_tile(ctx: TileContext) -> TileSpec:
     shape=_conv_grad_input_shape,
     tile=_conv_grad_input_tile,
     kernels={"cpu": conv_grad_input_cpu},
+    contraction=True,
     differentiable=False,
 )
 def ConvGradInput(
@@ -537,6 +539,7 @@ def _conv_grad_weight_tile(ctx: TileContext) -> TileSpec:
     shape=_conv_grad_weight_shape,
     tile=_conv_grad_weight_tile,
     kernels={"cpu": conv_grad_weight_cpu},
+    contraction=True,
     differentiable=False,
 )
 def ConvGradWeight(

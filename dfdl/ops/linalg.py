@@ -67,7 +67,7 @@ def _gemm_tile(ctx: TileContext) -> TileSpec:
     )
 
 
-@register("Gemm", shape=_gemm_shape, tile=_gemm_tile)
+@register("Gemm", shape=_gemm_shape, tile=_gemm_tile, contraction=True)
 def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """General matrix product ``alpha * A' @ B' + beta * C`` (ONNX Gemm).
 
@@ -124,7 +124,7 @@ def _matmul_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(a_spec, b_spec), outputs=(out,), reduce={"c": "sum"})
 
 
-@register("MatMul", shape=_matmul_shape, tile=_matmul_tile)
+@register("MatMul", shape=_matmul_shape, tile=_matmul_tile, contraction=True)
 def MatMul(A, B):
     """Numpy-style matrix product with broadcast batch dimensions (ONNX MatMul)."""
     return np.asarray(np.matmul(A, B)).astype(A.dtype, copy=False)

@@ -146,6 +146,9 @@ class OpDef:
     differentiable: bool = True
     #: inputs that must be known at plan time (a Reshape's shape, Slice's starts...)
     const_inputs: tuple[int, ...] = ()
+    #: a GEMM-class contraction (MatMul, Conv...): its tasks are never fused into their
+    #: consumer (:mod:`dfdl.graph.fuse`); they are long enough to carry their own overhead
+    contraction: bool = False
 
     def kernel(self, device: str = "cpu") -> Callable:
         """The tile function for ``device``: its kernel, or the numpy forward."""
@@ -170,6 +173,7 @@ def register(
     differentiable: bool = True,
     const_inputs: tuple[int, ...] = (),
     vjp: Callable | None = None,
+    contraction: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorator registering a numpy forward as the op ``name``.
 
@@ -194,6 +198,7 @@ def register(
             differentiable=differentiable,
             const_inputs=tuple(const_inputs),
             vjp=vjp,
+            contraction=contraction,
         )
         return fn
 

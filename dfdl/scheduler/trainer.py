@@ -26,6 +26,7 @@ from dfdl.graph.fuse import fuse_into_consumers
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
 from dfdl.graph.training import TrainingGraph
+from dfdl.ops import lookup
 from dfdl.scheduler.cluster import byte_batches, transfer_budget
 
 #: batch tiles above this size are scattered rather than embedded in the graph
@@ -207,7 +208,7 @@ def run_steps(
         key=str,
     )
     if fuse:
-        dsk = fuse_into_consumers(dsk, keep=wanted)
+        dsk = fuse_into_consumers(dsk, keep=wanted, stays=_contractions(plans, steps, token))
     t1 = time.perf_counter()
     futures = dict(zip(wanted, client.get(dsk, wanted, sync=False)))
     if timings is not None:
@@ -219,6 +220,18 @@ def run_steps(
     }
     losses = [(step, (futures[k], pos)) for step, (k, pos) in loss_keys]
     return ClusterState(new_refs, chunks, keep), losses
+
+
+def _contractions(plans: Callable[[int], StepPlan], steps, token: str) -> Callable:
+    """Whether a task key is a contraction's tile task (never fused, dfdl.graph.fuse)."""
+    names = set()
+    for s in steps:
+        for n in plans(len(next(iter(s.arrays.values())))).plan.graph.nodes:
+            op = lookup(n.op_type, n.domain)
+            if op is not None and op.contraction:
+                base = f"{n.name}-{n.phase}"
+                names |= {task_name(base, token), task_name(f"{base}-partial", token)}
+    return lambda key: isinstance(key, tuple) and key[0] in names
 
 
 class Constants:
