@@ -1,0 +1,131 @@
+"""Convolution kernel benchmark: dfdl's CPU kernels against PyTorch, one thread each.
+
+For the convolution shapes of the zoo's ResNet and 3-D U-Net tiles, times (best of
+``--repeat`` calls) dfdl's CPU kernels for Conv, ConvGradWeight and ConvGradInput in
+each layout (``channels_first``: im2col over image rows; ``channels_last``: the path
+:mod:`dfdl.ops.cpu.conv` takes for small images; ``auto``: what it picks) and, when
+torch is installed, ``torch.nn.functional.conv{2,3}d`` and its input and weight
+gradients (``torch.nn.grad``), all on one thread (numpy's BLAS limited with
+threadpoolctl, ``torch.set_num_threads(1)``): the per-task rate of a worker thread.
+GFLOP/s count 2 per multiply-add of the forward convolution (the gradients have the
+same count). Prints a table and writes JSON. A benchmark, not a test.
+
+Usage:
+    python bench/conv_kernels.py [--repeat R] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from dfdl.ops.cpu import conv
+
+#: (name, X shape, W shape, stride): ResNet tiles (batch 128 in 2 tiles) and U-Net tiles
+SHAPES = [
+    ("resnet stem", (64, 3, 32, 32), (64, 3, 3, 3), 1),
+    ("resnet stage 1", (64, 64, 16, 16), (64, 64, 3, 3), 1),
+    ("resnet stage 2", (64, 128, 8, 8), (128, 128, 3, 3), 1),
+    ("resnet stage 3", (64, 256, 4, 4), (256, 256, 3, 3), 1),
+    ("resnet down 1->2", (64, 64, 16, 16), (128, 64, 3, 3), 2),
+    ("unet3d level 1", (1, 16, 64, 64, 64), (16, 16, 3, 3, 3), 1),
+    ("unet3d level 2", (1, 32, 32, 32, 32), (32, 32, 3, 3, 3), 1),
+    ("unet3d level 3", (1, 64, 16, 16, 16), (64, 64, 3, 3, 3), 1),
+]
+
+LAYOUTS = ("channels_first", "channels_last", "auto")
+
+
+def best_of(fn, repeat: int) -> float:
+    fn()
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float]:
+    """Seconds per call of the three kernels in ``layout``."""
+    real = conv._cl_samples
+    if layout == "channels_first":
+        conv._cl_samples = lambda *a: 0
+    elif layout == "channels_last":
+        conv._cl_samples = lambda npos, kk, channels, itemsize: max(
+            1, conv.COLS_BYTES // max(1, npos * kk * itemsize)
+        )
+    try:
+        y = conv.conv_cpu(x, w, **attrs)
+        return {
+            "fwd": best_of(lambda: conv.conv_cpu(x, w, **attrs), repeat),
+            "dW": best_of(
+                lambda: conv.conv_grad_weight_cpu(x, y, weight_shape=list(w.shape), **attrs),
+                repeat,
+            ),
+            "dX": best_of(
+                lambda: conv.conv_grad_input_cpu(y, w, input_shape=list(x.shape), **attrs),
+                repeat,
+            ),
+        }
+    finally:
+        conv._cl_samples = real
+
+
+def torch_rates(x, w, stride: int, repeat: int) -> dict[str, float] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    f = torch.nn.functional.conv3d if x.ndim == 5 else torch.nn.functional.conv2d
+    gx = torch.nn.grad.conv3d_input if x.ndim == 5 else torch.nn.grad.conv2d_input
+    gw = torch.nn.grad.conv3d_weight if x.ndim == 5 else torch.nn.grad.conv2d_weight
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    with torch.no_grad():
+        ty = f(tx, tw, padding=1, stride=stride)
+        return {
+            "fwd": best_of(lambda: f(tx, tw, padding=1, stride=stride), repeat),
+            "dW": best_of(lambda: gw(tx, tw.shape, ty, padding=1, stride=stride), repeat),
+            "dX": best_of(lambda: gx(tx.shape, tw, ty, padding=1, stride=stride), repeat),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    rows = []
+    print(f"{'shape':<18} {'backend':<15} {'fwd':>6} {'dW':>6} {'dX':>6}  GFLOP/s, one thread")
+    for name, xs, ws, stride in SHAPES:
+        x = rng.standard_normal(xs, dtype=np.float32)
+        w = rng.standard_normal(ws, dtype=np.float32)
+        nd = x.ndim - 2
+        attrs = {"pads": [1] * 2 * nd, "strides": [stride] * nd}
+        out_positions = math.prod((d + 2 - 3) // stride + 1 for d in xs[2:])
+        flops = 2 * xs[0] * ws[0] * math.prod(ws[1:]) * out_positions
+        with threadpool_limits(1):
+            results = {lay: dfdl_rates(x, w, attrs, lay, args.repeat) for lay in LAYOUTS}
+            results["torch"] = torch_rates(x, w, stride, args.repeat)
+        for backend, secs in results.items():
+            if secs is None:
+                continue
+            rate = {k: flops / v / 1e9 for k, v in secs.items()}
+            cells = " ".join(f"{rate[k]:>6.0f}" for k in ("fwd", "dW", "dX"))
+            print(f"{name:<18} {backend:<15} {cells}")
+            rows.append({"shape": name, "x": xs, "w": ws, "stride": stride, "backend": backend,
+                         "seconds": secs, "gflop_per_s": rate})  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"repeat": args.repeat, "results": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
