@@ -166,10 +166,10 @@ def run_steps(
     refs = dict(state.refs)
     chunks = dict(state.chunks)
     loss_keys: list[tuple[int, Any]] = []
-    fuse = True
+    used: dict[int, StepPlan] = {}
     for s in steps:
         sp = plans(len(next(iter(s.arrays.values()))))
-        fuse = fuse and sp.fuse
+        used[id(sp)] = sp
         tg, plan = sp.tg, sp.plan
         sources = _batch_sources(plan, s.arrays, s.step, client, dsk, keep, token)
         for name, value in s.scalars.items():
@@ -207,8 +207,8 @@ def run_steps(
         | {k for _, (k, _) in loss_keys},
         key=str,
     )
-    if fuse:
-        dsk = fuse_into_consumers(dsk, keep=wanted, stays=_contractions(plans, steps, token))
+    if all(sp.fuse for sp in used.values()):
+        dsk = fuse_into_consumers(dsk, keep=wanted, stays=_contractions(used.values(), token))
     t1 = time.perf_counter()
     futures = dict(zip(wanted, client.get(dsk, wanted, sync=False)))
     if timings is not None:
@@ -222,11 +222,11 @@ def run_steps(
     return ClusterState(new_refs, chunks, keep), losses
 
 
-def _contractions(plans: Callable[[int], StepPlan], steps, token: str) -> Callable:
+def _contractions(step_plans, token: str) -> Callable:
     """Whether a task key is a contraction's tile task (never fused, dfdl.graph.fuse)."""
     names = set()
-    for s in steps:
-        for n in plans(len(next(iter(s.arrays.values())))).plan.graph.nodes:
+    for sp in step_plans:
+        for n in sp.plan.graph.nodes:
             op = lookup(n.op_type, n.domain)
             if op is not None and op.contraction:
                 base = f"{n.name}-{n.phase}"

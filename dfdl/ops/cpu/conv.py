@@ -408,12 +408,12 @@ def _scatter(X, W, group, kernel, strides, dilations, pads_begin, out) -> np.nda
     k, s, d = _to3d(kernel, 1), _to3d(strides, 1), _to3d(dilations, 1)
     p = _to3d(pads_begin, 0)
     kk = mg * int(np.prod(k))
-    # (group, C/g, C_out/g * k) -> (group, C_out/g * k, C/g): cols = wt @ x
-    wt = np.ascontiguousarray(W.reshape(group, cg, kk).transpose(0, 2, 1))
     per = _cl_samples(npos, kk, mg, X.itemsize)
     if per:
         x5 = x.reshape(n, c, in_d, in_h, in_w)
         return _scatter_cl(x5, W, group, per, tuple(int(v) for v in _to3d(out, 1)), k, s, d, p)
+    # (group, C/g, C_out/g * k) -> (group, C_out/g * k, C/g): cols = wt @ x
+    wt = np.ascontiguousarray(W.reshape(group, cg, kk).transpose(0, 2, 1))
     y = np.zeros((n, m, *_to3d(out, 1)), X.dtype)
     blocks, width = _plan(n, rows, in_w, kk, X.itemsize)
     buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block
