@@ -1,4 +1,5 @@
-"""OpCases for Gemm and MatMul (M, K, N of sizes >= 3 so that tiling is uneven)."""
+"""OpCases for Gemm, MatMul and dfdl.MatMulGradB (M, K, N of sizes >= 3 so that tiling is
+uneven)."""
 
 from __future__ import annotations
 
@@ -95,4 +96,23 @@ def _matmul_cases() -> list[OpCase]:
     return cases
 
 
-CASES = _gemm_cases() + _matmul_cases()
+def _grad_b_reference(a, dy):
+    # the batched product summed down: the graph dfdl.MatMulGradB replaces
+    full = np.matmul(np.swapaxes(a, -1, -2), dy)
+    return [full.reshape(-1, a.shape[-1], dy.shape[-1]).sum(0).astype(a.dtype)]
+
+
+def _grad_b_cases() -> list[OpCase]:
+    def case(sa, sb, dtype=np.float32, **kw):
+        inputs = [rand(*sa, dtype=dtype, seed=1), rand(*sb, dtype=dtype, seed=2)]
+        return OpCase("MatMulGradB", inputs, domain="dfdl", reference=_grad_b_reference, **kw)
+
+    return [
+        case((3, M, K), (3, M, N), id="3d"),
+        case((3, 4, M, K), (3, 4, M, N), id="4d"),
+        case((M, K), (M, N), id="2d"),
+        case((4, M, K), (4, M, N), np.float64, rtol=1e-10, id="f64"),
+    ]
+
+
+CASES = _gemm_cases() + _matmul_cases() + _grad_b_cases()
