@@ -8,6 +8,9 @@ restarts. :func:`dfdl.LocalCluster`, the embedded cluster and
 
 - installs :class:`dfdl.scheduler.heap.HeapTrimmer`, so the worker's resident memory
   follows its tiles;
+- replaces Dask's per-worker task counter by
+  :class:`dfdl.scheduler.task_counter.LazyTaskCounter` (same metrics; its cost per
+  transition does not grow with the hundreds of task prefixes of a training step);
 - leaves Dask's "Pausing worker" / "Resuming worker" warnings out of the log when the
   worker pauses at its spill line (:func:`dfdl.scheduler.cluster.pause_at_spill`).
   There, pausing is how a worker that spills keeps a task from starting above the line
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import logging
 
+from dfdl.scheduler import task_counter
 from dfdl.scheduler.heap import HeapTrimmer
 
 #: the logger Dask's memory monitor writes its pause and resume warnings to
@@ -71,4 +75,5 @@ async def dask_setup(worker) -> None:
     if not hasattr(worker, "plugin_add"):  # a nanny or a scheduler
         return
     quiet_routine_pauses(worker)
+    task_counter.install(worker)
     await worker.plugin_add(plugin=HeapTrimmer(), name=HeapTrimmer.name)
