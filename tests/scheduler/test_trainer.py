@@ -63,7 +63,8 @@ def paused_client(tmp_path):
     with (
         dask.config.set(PAUSED),
         dfdl.LocalCluster(2, memory_limit="1GiB", local_directory=str(tmp_path)) as cluster,
-        Client(cluster) as client,
+        # scatter waits this long for a running worker (default 30 s) before it gives up
+        Client(cluster, timeout="5s") as client,
     ):
         deadline = time.time() + 30  # (wait_for_workers waits for running ones: never)
         while time.time() < deadline:
