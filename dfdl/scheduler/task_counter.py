@@ -13,7 +13,7 @@ machine then lack.
 ``count * elapsed`` to a pair only when its count changes or when the totals are read.
 The counts are identical and the integrals equal up to rounding, at a cost per
 transition proportional to the tasks that moved. The transformer's training steps ran
-5.4-6.3 s instead of 7.1-7.8 s with Dask's counter (three alternating pairs).
+6.2-7.0 s instead of 7.0-8.1 s with Dask's counter (two alternating pairs of processes).
 
 :mod:`dfdl.scheduler.worker_setup` installs it in every dfdl worker.
 
