@@ -123,21 +123,26 @@ def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+#: elementwise combines: ufunc applied left to right over the partials
+_COMBINE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+
+
 def combine(how: str, *parts: np.ndarray) -> np.ndarray:
     """Combine partial tiles of a contraction in the given (fixed) order."""
-    acc = parts[0].copy()
-    if how == "sum":
-        for p in parts[1:]:
-            acc += p
-    elif how == "max":
-        for p in parts[1:]:
-            np.maximum(acc, p, out=acc)
-    elif how == "min":
-        for p in parts[1:]:
-            np.minimum(acc, p, out=acc)
-    elif how == "moments":
+    ufunc = _COMBINE_UFUNCS.get(how)
+    if ufunc is not None:
+        first = np.asarray(parts[0])
+        if len(parts) == 1:
+            return first.copy()
+        # the first step writes a new array, later ones add into it: no copy of
+        # parts[0] first (a dense layer's weight-gradient partials are 64 MiB each)
+        acc = ufunc(first, parts[1], out=np.empty(first.shape, first.dtype))
+        for p in parts[2:]:
+            ufunc(acc, p, out=acc)
+        return acc
+    if how == "moments":
+        acc = parts[0].copy()
         for p in parts[1:]:
             acc = merge_moments(acc, p)
-    else:
-        raise ValueError(f"unknown combine {how!r}")
-    return acc
+        return acc
+    raise ValueError(f"unknown combine {how!r}")

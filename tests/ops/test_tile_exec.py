@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from dfdl.ops import REGISTRY
-from dfdl.ops.tile_exec import run_tile
+from dfdl.ops.tile_exec import combine, run_tile
 from tests.ops.case import rand
 
 
@@ -57,3 +58,21 @@ def test_strided_inputs_give_the_same_result_as_contiguous_ones():
     transposed = np.asfortranarray(b)  # same values, the other layout
     strided = np.repeat(a, 2, axis=1)[:, ::2]
     np.testing.assert_array_equal(run_tile(meta, strided, transposed), want)
+
+
+@pytest.mark.parametrize("how, ufunc", [("sum", np.add), ("max", np.maximum), ("min", np.minimum)])
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5)])
+def test_combine_folds_partials_left_to_right_into_a_new_array(how, ufunc, n, shape):
+    parts = [rand(*shape, seed=s).astype(np.float32) for s in range(n)]
+    parts[0] = parts[0] * 1e4  # large + small: a different summation order would round apart
+    before = [p.copy() for p in parts]
+    want = parts[0]
+    for p in parts[1:]:
+        want = ufunc(want, p)
+    got = combine(how, *parts)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == shape
+    np.testing.assert_array_equal(got, want)
+    assert all(got is not p and not np.shares_memory(got, p) for p in parts)
+    for p, b in zip(parts, before):  # partials are Dask's data: never written to
+        np.testing.assert_array_equal(p, b)
