@@ -129,7 +129,12 @@ class TrainingGraph:
         from dfdl.graph.tiling import make_plan
 
         return make_plan(
-            self.graph, tiles, cores=cores, weights=self.carried(), memory_limit=memory_limit
+            self.graph,
+            tiles,
+            cores=cores,
+            weights=self.carried(),
+            memory_limit=memory_limit,
+            carry=self.new,
         )
 
 

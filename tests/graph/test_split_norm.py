@@ -40,7 +40,9 @@ def test_split_batch_norm_tasks_split_batch_and_space():
             assert np_.n_partials() >= 4, np_.node.name
     fused = tg.plan({"batch": 2, "space": 2})
     bn = [p for p in fused.nodes if p.node.op_type == "BatchNormalization"]
-    assert bn and all(p.n_tiles() == 1 for p in bn)  # the whole batch and volume
+    # each task holds the whole batch and volume of its channels; the channels split
+    # by the batch factor instead (dfdl.graph.tiling._channels_for_batch)
+    assert bn and all(p.grid_letters() == ["c"] and p.n_tiles() == 2 for p in bn)
 
 
 def _unet_training(base: int, volume: int):

@@ -284,6 +284,50 @@ def test_batch_axis_stays_split_after_a_node_that_keeps_it_whole():
             assert len(plan.chunks[out][0]) == 2, (n.name, plan.chunks[out])
 
 
+def _whole_batch_nodes(plan):
+    return [
+        p
+        for p in plan.nodes
+        if p.node.op_type in ("BatchNormalization", "BatchNormalizationGrad")
+        and (p.node.op_type != "BatchNormalization" or p.node.attrs.get("training_mode"))
+    ]
+
+
+@pytest.mark.parametrize(
+    "batch, tiles, expected",
+    [
+        (8, {"batch": 2}, 2),
+        (8, {"batch": 2, "model": 2}, 4),
+        (8, {"batch": 1}, 1),
+        (2, {"batch": 4}, 2),
+    ],
+)
+def test_nodes_that_keep_the_batch_whole_split_their_channels_by_the_batch_tiles(
+    batch, tiles, expected
+):
+    # a training BatchNorm (and its gradient) needs whole-batch statistics per channel:
+    # its channels split as many times as the batch around it (capped by the batch
+    # size), so it does not run as one task while the other threads wait
+    tg, plan = _training_plan("resnet", batch, tiles)
+    nodes = _whole_batch_nodes(plan)
+    assert {p.node.op_type for p in nodes} == {"BatchNormalization", "BatchNormalizationGrad"}
+    for p in nodes:
+        assert p.grid_letters() == ["c"], p.node.name
+        assert p.n_tiles() == min(expected, p.sizes["c"]), (p.node.name, p.letters)
+    x = tg.data[0]
+    assert len(plan.chunks[x][0]) == min(tiles["batch"], batch)
+
+
+def test_carried_tensors_take_the_chunks_of_their_next_value():
+    # a step's new weights, optimizer state and running statistics feed the next step
+    # as they are, with no rechunk tasks in between
+    tg, plan = _training_plan("resnet", 8, {"batch": 2})
+    for name in tg.carried():
+        assert plan.chunks[name] == plan.chunks[tg.new[name]], name
+    running = [n for n in tg.buffers if "running" in n]
+    assert running and all(len(plan.chunks[n][0]) == 2 for n in running)
+
+
 # ---- memory-bounded planning ----------------------------------------------------------------
 
 WIDE = (256, 1024, 1024, 10)
