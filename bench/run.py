@@ -11,15 +11,17 @@ For each workload, times training steps of
 
 in alternation (dfdl, torch, dfdl, torch, ...; ``--rounds`` rounds, at least 2).
 
-Step time, dfdl: dfdl exposes no per-step timing, and every ``dfdl.train`` call carries a
-fixed cost (building the training graph, planning, scattering weights, gathering them
-back). Each round therefore runs ``dfdl.train`` twice on the same data, once for
-``W + N`` steps and once for ``W`` steps (W = ``--warmup``, N = ``--steps``), and takes
-``(t(W + N) - t(W)) / N`` as the step time, each t without the call's setup (planning and
-sending the initial weights, ``TrainResult.timings["setup_s"]``, whose spread between
-calls measured as large as a step): the fixed cost and the warm-up steps cancel.
-Steps are submitted ``unroll`` (default 4) at a time, so the estimate is the steady-state
-throughput of the pipeline, not the latency of one step.
+Step time, dfdl: each round runs ``dfdl.train`` for ``W + N`` steps (W = ``--warmup``,
+N = ``--steps``) under Dask's task stream. Task keys are ``(name, step, *tile)``, so the
+stream gives the time each step's last task ended; the step time is the span from the
+end of step ``max(W, 1) - 1`` to the end of the last step, divided by the steps in it.
+That is the steady-state throughput of the pipeline (steps are submitted ``unroll``,
+default 4, at a time), measured inside one call, free of the call's fixed costs
+(building the training graph, planning, scattering and gathering weights).
+The earlier estimator, ``(t(W + N) - t(W)) / N`` from a second, ``W``-step call (each t
+without ``TrainResult.timings["setup_s"]``), is still recorded
+(``step_seconds_call_difference``): on 2026-11-24 its two rounds of one MLP run gave
+1.64 and 0.61 s per step, since the fixed costs it subtracts vary by seconds.
 
 Step time, torch: per round, W untimed steps, then N steps timed one by one (forward,
 loss, backward, optimizer step). Reported figures are medians over rounds (dfdl) or over
@@ -37,13 +39,11 @@ OpenBLAS kernels numpy runs (``OPENBLAS_CORETYPE`` and OpenBLAS's own report): a
 environment that pins older kernels (``OPENBLAS_CORETYPE=Haswell`` on an AVX-512 CPU)
 halves the matmul rate of every numpy GEMM, dfdl's included, but not PyTorch's.
 
-Time outside kernels: the long and short ``dfdl.train`` calls run under Dask's task
-stream (``distributed.get_task_stream``); the thread-seconds workers spent executing
-tasks (the "compute" intervals: tile kernels and the tile bookkeeping around them) over
-the N extra steps, divided by N, is the kernel time per step; the rest of
-``threads x step time`` is outside kernels: scheduling, idle threads waiting on
-dependencies, transfers (the task stream's "transfer" intervals, reported separately)
-and graph building on the client (``TrainResult.timings``, reported separately).
+Time outside kernels: the thread-seconds workers spent executing the tasks of the
+timed steps (the task stream's "compute" intervals: tile kernels and the tile
+bookkeeping around them), over ``threads x`` the span above, is the share inside
+kernels; the rest is outside kernels: scheduling, idle threads waiting on dependencies
+and transfers (the task stream's "transfer" intervals, reported separately).
 
 Cold and warm start: a fresh process (``--first-step``) starts the embedded cluster and
 times two one-step ``dfdl.train`` calls; the first pays for numba compilation (cold: an
@@ -164,6 +164,31 @@ def _stream_seconds(records: list[dict]) -> dict[str, float]:
             if ss["action"] in ("compute", "transfer"):
                 out[f"{ss['action']}_s"] += ss["stop"] - ss["start"]
     return out
+
+
+def _step_span(records: list[dict], first: int, last: int) -> tuple[float, float]:
+    """(seconds, task thread-seconds) from the end of step ``first - 1`` to the end of
+    step ``last``, from task-stream records of one ``dfdl.train`` call.
+
+    Task keys are ``(name, step, *tile)``; a step ends when its last task does. The
+    span covers steps ``first..last`` in the steady state of one call: no planning,
+    scattering or gathering in it, so it is not a difference of two noisy call times.
+    """
+    ends: dict[int, float] = {}
+    busy = 0.0
+    for rec in records:
+        key = rec["key"]
+        step = key[1] if isinstance(key, tuple) and len(key) > 1 else None
+        if not isinstance(step, int):
+            continue
+        for ss in rec.get("startstops", ()):
+            if ss["action"] == "compute":
+                ends[step] = max(ends.get(step, 0.0), ss["stop"])
+                if first <= step <= last:
+                    busy += ss["stop"] - ss["start"]
+    if first - 1 not in ends or last not in ends:
+        raise RuntimeError(f"the task stream has no tasks of step {first - 1} or {last}")
+    return ends[last] - ends[first - 1], busy
 
 
 def _node_ops(model, x: np.ndarray, y: np.ndarray, batch: int, kind: str, okw: dict) -> dict:
@@ -320,10 +345,11 @@ def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client)
             )
         wall = time.perf_counter() - t0
         profiles.append(_by_op(ts.data, op_of))
-        return wall, {**_stream_seconds(ts.data), **res.timings}
+        return wall, {**_stream_seconds(ts.data), **res.timings, "records": ts.data}
 
     torch_step = _torch_stepper(name, kw, model, kind, okw, x, y, batch)
     dfdl_steps: list[float] = []
+    dfdl_diff_steps: list[float] = []
     dfdl_runs: list[tuple[float, float]] = []
     torch_steps: list[float] = []
     breakdowns: list[dict] = []
@@ -331,12 +357,22 @@ def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client)
         t_long, b_long = dfdl_time(warmup + steps)
         t_short, b_short = dfdl_time(warmup) if warmup > 0 else (0.0, {})
         dfdl_runs.append((t_long, t_short))
-        # the per-call setup (planning, sending the initial weights) is a fixed cost,
-        # not step time, and its run-to-run spread is as large as a step
-        step_s = ((t_long - b_long["setup_s"]) - (t_short - b_short.get("setup_s", 0.0))) / steps
+        records = b_long.pop("records")
+        b_short.pop("records", None)
+        # the steady state of the long call: from the end of the last warm-up step to
+        # the end of the last step (step 0 carries the call's start-up)
+        span, busy = _step_span(records, max(warmup, 1), warmup + steps - 1)
+        n_span = warmup + steps - max(warmup, 1)
+        step_s = span / n_span
         dfdl_steps.append(step_s)
+        # the earlier estimator, kept for comparison: difference of the two calls'
+        # times without their setup; the spread of the fixed costs it subtracts
+        # (gathering, scattering) was measured as large as a step
+        diff_s = ((t_long - b_long["setup_s"]) - (t_short - b_short.get("setup_s", 0.0))) / steps
+        dfdl_diff_steps.append(diff_s)
         per_step = {k: (b_long[k] - b_short.get(k, 0.0)) / steps for k in b_long}
-        per_step["outside_kernels_share"] = 1 - per_step["compute_s"] / (threads * step_s)
+        per_step["compute_s"] = busy / n_span
+        per_step["outside_kernels_share"] = 1 - busy / (threads * span)
         breakdowns.append(per_step)
         for _ in range(warmup):
             torch_step()
@@ -368,6 +404,7 @@ def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client)
             "gflop_per_s": step_flops / med / 1e9 if med > 0 else math.inf,
         }
     rec["backends"]["dfdl"]["train_call_seconds_long_short"] = dfdl_runs
+    rec["backends"]["dfdl"]["step_seconds_call_difference"] = dfdl_diff_steps
     rec["backends"]["dfdl"]["threads"] = threads
     rec["backends"]["dfdl"]["by_op_first_long_call"] = profiles[0]
     rec["backends"]["dfdl"]["per_step_breakdown"] = breakdowns
@@ -426,8 +463,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.first_step:
         print(json.dumps(first_step(args.first_step, args.full)))
         return []
-    if args.steps < 1 or args.warmup < 0 or args.rounds < 2:
-        parser.error("need --steps >= 1, --warmup >= 0, --rounds >= 2")
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 2 or args.steps + args.warmup < 2:
+        parser.error("need --steps >= 1, --warmup >= 0, --steps + --warmup >= 2, --rounds >= 2")
     import torch
     from distributed import Client
 
