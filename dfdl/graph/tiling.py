@@ -502,6 +502,8 @@ def _build(
         if wide is not None:
             ch, factor = wide
             letters[ch] = even_chunks(sizes[ch], len(letters[ch]) * factor)
+        for ch in _whole_contraction(node, spec, graph, letters, letter_roles):
+            letters[ch] = (sizes[ch],)
         for i, (name, s) in enumerate(zip(node.inputs, spec.inputs)):
             if not name or name in chunks:
                 continue
@@ -582,6 +584,35 @@ def _channels_for_batch(
     factor = len(even_chunks(batch, policy.batch))
     wide = next((ch for ch in grid if "model" in letter_roles.get(ch, ())), None)
     return None if wide is None or factor <= 1 else (wide, factor)
+
+
+def _whole_contraction(
+    node: Node,
+    spec: TileSpec,
+    graph: Graph,
+    letters: Mapping[str, tuple[int, ...]],
+    letter_roles: Mapping[str, set[str]],
+) -> list[str]:
+    """The batch letters a GEMM-class node contracts whole, reading its inputs whole:
+    those of a node whose outputs outweigh its inputs; [] for every other node.
+
+    A dense layer's weight gradient ``X^T @ dY`` with the batch split in ``b`` tiles made
+    ``b`` partial products of the whole weight's size and a task summing them: for the
+    MLP's 4096 x 4096 layers at batch 1024, two 64 MiB partials and a sum reading 128
+    MiB, from 32 MiB of inputs. One product over the whole batch writes the weight's
+    tile once; the other thread meanwhile runs the input gradient's two batch tiles of
+    the same size. Convolution weight gradients (small weights, large activations) and
+    every non-contraction keep their partials.
+    """
+    op = lookup(node.op_type, node.domain)
+    split = [ch for ch in spec.contracted() if len(letters.get(ch, ())) > 1]
+    if op is None or not op.contraction or not split:
+        return []
+    if any(letter_roles.get(ch) != {"batch"} for ch in split):
+        return []
+    outs = sum(graph.types[o].nbytes for o, _ in present_outputs(node, spec))
+    ins = sum(graph.types[i].nbytes for i in node.inputs if i)
+    return split if outs > ins else []
 
 
 def _same_shape_input(node: Node, graph: Graph, t: TensorType) -> str | None:

@@ -318,6 +318,38 @@ def test_nodes_that_keep_the_batch_whole_split_their_channels_by_the_batch_tiles
     assert len(plan.chunks[x][0]) == min(tiles["batch"], batch)
 
 
+def test_weight_gradients_larger_than_their_inputs_contract_the_whole_batch():
+    # dW = X^T dY of a wide layer: batch partials would each be the weight's size, more
+    # bytes than both inputs; one task reads the inputs whole instead. Narrow layers
+    # (the first and last here) keep their batch partials.
+    import dfdl.models
+    from dfdl.graph.onnx_io import to_ir
+    from dfdl.graph.training import build_training_graph
+    from dfdl.ops.registry import TensorType
+
+    graph = to_ir(dfdl.models.mlp((8, 256, 256, 4)))
+    tg = build_training_graph(
+        graph,
+        {graph.inputs[0]: TensorType((64, 8), np.dtype("float32"))},
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.1),
+        labels=TensorType((64,), np.dtype("int64")),
+    )
+    plan = tg.plan({"batch": 2})
+    grads = {
+        p.node.name: p for p in plan.nodes if p.node.op_type == "Gemm" and p.node.phase == "bwd"
+    }
+    partials = {}
+    for name, p in grads.items():
+        if p.spec.contracted() and all(p.sizes[c] == 64 for c in p.spec.contracted()):
+            partials[name] = p.n_partials()  # a weight gradient: sums over the batch
+            outs = sum(plan.graph.types[o].nbytes for o in p.node.outputs if o)
+            ins = sum(plan.graph.types[i].nbytes for i in p.node.inputs if i)
+            assert p.n_partials() == (1 if outs > ins else 2), (name, outs, ins)
+    assert sorted(partials.values()) == [1, 2, 2], partials  # 256x256 whole; 8x256, 256x4 not
+    assert all(len(plan.chunks[x][0]) == 2 for x in tg.data)  # the batch itself stays split
+
+
 def test_carried_tensors_take_the_chunks_of_their_next_value():
     # a step's new weights, optimizer state and running statistics feed the next step
     # as they are, with no rechunk tasks in between
