@@ -455,9 +455,7 @@ def _refine(
     return plan
 
 
-def _build(
-    graph: Graph, policy: _Policy, weights: set[str], carry: Mapping[str, str] | None = None
-) -> Plan:
+def _build(graph: Graph, policy: _Policy, weights: set[str], carry: Mapping[str, str]) -> Plan:
     """The plan of one tiling policy."""
     roles: dict[tuple[str, int], set[str]] = {}
     for name in graph.inputs:
@@ -542,7 +540,7 @@ def _build(
     for name in graph.outputs:
         if name not in chunks:
             chunks[name] = tuple((d,) for d in graph.types[name].shape)
-    for name, new in (carry or {}).items():
+    for name, new in carry.items():
         if name in chunks and new in chunks and graph.types[name].shape == graph.types[new].shape:
             chunks[name] = chunks[new]
     return Plan(graph, chunks, node_plans, policy.tiles(), task_bytes, task_memory)
