@@ -6,7 +6,8 @@ fixes every weight), and finally wraps everything in a checked :class:`onnx.Mode
 
 Initializer names follow the ``state_dict`` of the twin ``torch.nn.Module`` in
 :mod:`dfdl.models.torch_twins`; constants that are not parameters (reshape targets,
-scales, the dropout ratio) are named ``const/...`` so they can never clash with one.
+scales, the dropout ratio) are ``Constant`` nodes named ``const/...``, so they never
+train and can never clash with a parameter.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Builder:
         self.rng = np.random.default_rng(seed)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, np.ndarray] = {}
+        self._consts: dict[str, np.ndarray] = {}
         self._node_names: set[str] = set()
 
     # ---- tensors ------------------------------------------------------------------------
@@ -52,14 +54,22 @@ class Builder:
         return name
 
     def const(self, name: str, value, dtype=np.float32) -> str:
-        """A non-trainable constant initializer ``const/<name>``, shared when repeated."""
+        """A constant ``const/<name>`` (a ``Constant`` node), shared when repeated.
+
+        A node, not an initializer: ``dfdl.train`` trains every floating-point initializer
+        (as the README says), and a scale or a dropout ratio is no parameter of the twin.
+        """
         full = CONST_PREFIX + name
         arr = np.asarray(value, dtype=dtype)
-        if full in self.initializers:
-            if not np.array_equal(self.initializers[full], arr):
+        if full in self._consts:
+            if not np.array_equal(self._consts[full], arr):
                 raise ValueError(f"constant {full!r} redefined with another value")
             return full
-        return self.add_initializer(full, arr)
+        self._consts[full] = arr
+        self._node_names.add(full)
+        tensor = numpy_helper.from_array(np.asarray(arr, order="C"), full)
+        self.nodes.append(helper.make_node("Constant", [], [full], full, value=tensor))
+        return full
 
     def uniform(self, name: str, shape: Sequence[int], bound: float) -> str:
         """A float32 parameter drawn from U(-bound, bound)."""

@@ -18,8 +18,6 @@ import types
 import onnx
 from onnx import numpy_helper
 
-from dfdl.models._build import CONST_PREFIX
-
 _CLASS_NAMES = {"mlp": "MLP", "resnet": "ResNet", "unet3d": "UNet3D", "transformer": "Transformer"}
 
 
@@ -47,11 +45,7 @@ def load_onnx_weights(module, model: onnx.ModelProto):
     """
     import torch
 
-    inits = {
-        t.name: numpy_helper.to_array(t)
-        for t in model.graph.initializer
-        if not t.name.startswith(CONST_PREFIX)
-    }
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     state = {k: v for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")}
     if missing := sorted(set(state) - set(inits)):
         raise KeyError(f"no initializer for twin tensors {missing}")
