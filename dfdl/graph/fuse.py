@@ -13,7 +13,13 @@ A task ``t`` is absorbed into its consumer ``u`` when
 * every other input of ``u`` comes from a task of a lower topological level than
   ``t`` (one that is normally done before ``t``): ``u`` then starts as soon as ``t``
   would have finished, so no parallel work is serialised. Sibling partials of one sum
-  (same level) stay separate tasks and still run side by side;
+  (same level) stay separate tasks and still run side by side. The exception is a
+  light ``t`` (its tile reads and writes at most :data:`LIGHT_BYTES`): it runs inside
+  its consumer even where that serialises it after a sibling (a bias gradient's
+  partials, the attention's transposes). On 2 cores the CPU that the scheduler and
+  worker spend per task is what the transformer's step waits for: 651 -> 543 tasks per
+  step; 2.53 -> 2.43 s with 8 MiB against none light, 2.45 -> 2.39 s with 40 MiB
+  against 8 (medians of 4 alternating rounds); MLP, ResNet and U-Net within noise;
 * ``t`` is not a contraction (GEMM, convolution: ``OpDef.contraction``). Those tasks
   run for tens of milliseconds, so their overhead is small already, and absorbed into
   their consumers they changed the order the worker ran them in: the MLP's steps got
@@ -35,6 +41,10 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from dask.task_spec import Task
 
+#: a task whose tile reads and writes at most this many bytes is "light" (a few ms of
+#: memory traffic, against a task's ~1.3 ms of scheduler and worker CPU on 2 cores)
+LIGHT_BYTES = 40 << 20
+
 
 def _levels(deps: Mapping[Hashable, set]) -> tuple[list, dict]:
     """Topological order and level (longest path from a source) of every key."""
@@ -49,6 +59,7 @@ def fuse_into_consumers(
     dsk: Mapping[Hashable, object],
     keep: Iterable[Hashable],
     stays: Callable[[Hashable], bool] | None = None,
+    light: Callable[[Hashable], bool] | None = None,
 ) -> dict:
     """The graph with every single-consumer task absorbed into its consumer (see the
     module docstring); ``keep``: keys that must stay (requested outputs).
@@ -59,6 +70,8 @@ def fuse_into_consumers(
         keep: keys requested from the graph.
         stays: keys for which it returns True are never absorbed (they may still
             absorb their producers): the trainer passes the tasks of contraction ops.
+        light: keys for which it returns True are absorbed whatever the levels of the
+            consumer's other inputs (tasks of at most :data:`LIGHT_BYTES`).
 
     Returns:
         A new graph with the same requested keys and values and fewer tasks.
@@ -86,7 +99,7 @@ def fuse_into_consumers(
         (u,) = readers[t]
         if type(dsk[u]) is not Task:
             continue
-        if all(level[v] < level[t] for v in deps[u] if v != t):
+        if (light is not None and light(t)) or all(level[v] < level[t] for v in deps[u] if v != t):
             absorbed[t] = u
 
     members: dict = {}  # consumer that stays -> the tasks it absorbs, producers first

@@ -22,7 +22,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
-from dfdl.graph.fuse import fuse_into_consumers
+from dfdl.graph.fuse import LIGHT_BYTES, fuse_into_consumers
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
 from dfdl.graph.training import TrainingGraph
@@ -208,7 +208,12 @@ def run_steps(
         key=str,
     )
     if all(sp.fuse for sp in used.values()):
-        dsk = fuse_into_consumers(dsk, keep=wanted, stays=_contractions(used.values(), token))
+        dsk = fuse_into_consumers(
+            dsk,
+            keep=wanted,
+            stays=_contractions(used.values(), token),
+            light=_light(used.values(), token),
+        )
     t1 = time.perf_counter()
     futures = dict(zip(wanted, client.get(dsk, wanted, sync=False)))
     if timings is not None:
@@ -231,6 +236,25 @@ def _contractions(step_plans, token: str) -> Callable:
             if op is not None and op.contraction:
                 base = f"{n.name}-{n.phase}"
                 names |= {task_name(base, token), task_name(f"{base}-partial", token)}
+    return lambda key: isinstance(key, tuple) and key[0] in names
+
+
+def _light(step_plans, token: str) -> Callable:
+    """Whether a task key is a light tile task: not a contraction, and its node's largest
+    tile reads and writes at most ``LIGHT_BYTES`` (:mod:`dfdl.graph.fuse`)."""
+    names = set()
+    for sp in step_plans:
+        plan = sp.plan
+        for n in plan.graph.nodes:
+            op = lookup(n.op_type, n.domain)
+            if (
+                op is None
+                or op.contraction
+                or plan.task_bytes.get(n.name, LIGHT_BYTES + 1) > LIGHT_BYTES
+            ):
+                continue
+            base = f"{n.name}-{n.phase}"
+            names |= {task_name(base, token), task_name(f"{base}-partial", token)}
     return lambda key: isinstance(key, tuple) and key[0] in names
 
 

@@ -52,6 +52,59 @@ def test_siblings_of_one_sum_stay_separate_tasks():
     assert _values(fused, ["s"]) == {"s": 9.0}
 
 
+def test_light_siblings_run_inside_their_consumer():
+    dsk = {
+        "x1": DataNode("x1", 1.0),
+        "x2": DataNode("x2", 2.0),
+        "p1": _t("p1", operator.mul, "x1", 3.0),
+        "p2": _t("p2", operator.mul, "x2", 3.0),
+        "s": _t("s", operator.add, "p1", "p2"),
+    }
+    both = fuse_into_consumers(dsk, keep=["s"], light=lambda k: k in ("p1", "p2"))
+    assert set(both) == {"x1", "x2", "s"}
+    one = fuse_into_consumers(dsk, keep=["s"], light=lambda k: k == "p2")
+    assert set(one) == {"x1", "x2", "p1", "s"}  # p1 is not light: it still runs beside p2
+    assert _values(both, ["s"]) == _values(one, ["s"]) == {"s": 9.0}
+
+
+def test_light_does_not_override_readers_keep_or_stays():
+    dsk = {
+        "x": DataNode("x", 2.0),
+        "a": _t("a", operator.neg, "x"),  # two readers
+        "b": _t("b", operator.add, "a", 1.0),  # requested
+        "c": _t("c", operator.add, "a", 2.0),
+        "d": _t("d", operator.mul, "x", 4.0),  # stays
+        "e": _t("e", operator.add, "c", "d"),
+        "f": _t("f", operator.neg, "b"),
+    }
+    fused = fuse_into_consumers(dsk, keep=["b", "e", "f"], stays=lambda k: k == "d", light=bool)
+    assert set(fused) == {"x", "a", "b", "d", "e", "f"}  # only c, light, joins e
+    assert _values(fused, ["b", "e", "f"]) == {"b": -1.0, "e": 8.0, "f": 1.0}
+
+
+def test_light_tasks_are_small_non_contractions():
+    from types import SimpleNamespace
+
+    from dfdl.graph.fuse import LIGHT_BYTES
+    from dfdl.graph.ir import Node
+    from dfdl.scheduler.trainer import _light
+
+    nodes = [
+        Node("small", "Relu", ["x"], ["y"]),
+        Node("big", "Relu", ["y"], ["z"]),
+        Node("gemm", "MatMul", ["z", "w"], ["v"], phase="bwd"),
+        Node("grad", "ReduceSum", ["v"], ["g"], phase="bwd"),
+    ]
+    sizes = {"small": LIGHT_BYTES, "big": LIGHT_BYTES + 1, "gemm": 1, "grad": 1}
+    plan = SimpleNamespace(graph=SimpleNamespace(nodes=nodes), task_bytes=sizes)
+    light = _light([SimpleNamespace(plan=plan)], "abc12345")
+    assert light(("small-fwd-abc12345", 0, 0))
+    assert light(("grad-bwd-partial-abc12345", 0, 1))
+    assert not light(("big-fwd-abc12345", 0, 0))
+    assert not light(("gemm-bwd-abc12345", 0, 0))  # contractions are never absorbed
+    assert not light("small-fwd-abc12345")
+
+
 def test_a_value_with_two_readers_or_requested_stays():
     dsk = {
         "x": DataNode("x", 2.0),
