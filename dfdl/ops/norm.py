@@ -331,7 +331,8 @@ def Dropout(data, ratio=None, training_mode=None, *, seed=None, _offset=None, _f
     r = 0.5 if ratio is None else float(np.asarray(ratio).item())
     training = training_mode is not None and bool(np.asarray(training_mode).item())
     if not training or r == 0:
-        return data.copy(), np.ones(data.shape, dtype=np.bool_)
+        # the input itself, not a copy: tiles are never written after they are made
+        return data, np.ones(data.shape, dtype=np.bool_)
     if not 0 <= r <= 1:
         raise ValueError(f"Dropout: ratio must be in [0, 1], got {r}")
     u = dropout_uniform(0 if seed is None else seed, data.shape, _offset, _full_shape)
@@ -362,7 +363,7 @@ def DropoutGrad(dY, mask, ratio=None, training_mode=None):
     r = 0.5 if ratio is None else float(np.asarray(ratio).item())
     training = training_mode is not None and bool(np.asarray(training_mode).item())
     if not training or r == 0:
-        return dY.copy()
+        return dY
     if r == 1:
         return np.zeros_like(dY)
     scale = np.asarray(1.0 / (1.0 - r), dtype=dY.dtype)
