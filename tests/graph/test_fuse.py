@@ -39,27 +39,25 @@ def test_a_chain_runs_in_its_last_task_with_an_earlier_input():
     assert _values(fused, ["c", "y"]) == _values(dsk, ["c", "y"]) == {"c": 64.0, "y": -6.0}
 
 
-def test_siblings_of_one_sum_stay_separate_tasks():
-    dsk = {
+def _sum_of_two_partials():
+    return {
         "x1": DataNode("x1", 1.0),
         "x2": DataNode("x2", 2.0),
         "p1": _t("p1", operator.mul, "x1", 3.0),
         "p2": _t("p2", operator.mul, "x2", 3.0),
         "s": _t("s", operator.add, "p1", "p2"),
     }
+
+
+def test_siblings_of_one_sum_stay_separate_tasks():
+    dsk = _sum_of_two_partials()
     fused = fuse_into_consumers(dsk, keep=["s"])
     assert set(fused) == set(dsk)  # p1 and p2 have the same level: they run side by side
     assert _values(fused, ["s"]) == {"s": 9.0}
 
 
 def test_light_siblings_run_inside_their_consumer():
-    dsk = {
-        "x1": DataNode("x1", 1.0),
-        "x2": DataNode("x2", 2.0),
-        "p1": _t("p1", operator.mul, "x1", 3.0),
-        "p2": _t("p2", operator.mul, "x2", 3.0),
-        "s": _t("s", operator.add, "p1", "p2"),
-    }
+    dsk = _sum_of_two_partials()
     both = fuse_into_consumers(dsk, keep=["s"], light=lambda k: k in ("p1", "p2"))
     assert set(both) == {"x1", "x2", "s"}
     one = fuse_into_consumers(dsk, keep=["s"], light=lambda k: k == "p2")
