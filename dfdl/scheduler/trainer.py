@@ -227,35 +227,32 @@ def run_steps(
     return ClusterState(new_refs, chunks, keep), losses
 
 
-def _contractions(step_plans, token: str) -> Callable:
-    """Whether a task key is a contraction's tile task (never fused, dfdl.graph.fuse)."""
+def _node_tasks(step_plans, token: str, pick: Callable) -> Callable:
+    """Whether a task key is a tile task (or partial) of a node for which
+    ``pick(op, node, plan)`` holds."""
     names = set()
     for sp in step_plans:
         for n in sp.plan.graph.nodes:
             op = lookup(n.op_type, n.domain)
-            if op is not None and op.contraction:
+            if op is not None and pick(op, n, sp.plan):
                 base = f"{n.name}-{n.phase}"
                 names |= {task_name(base, token), task_name(f"{base}-partial", token)}
     return lambda key: isinstance(key, tuple) and key[0] in names
 
 
+def _contractions(step_plans, token: str) -> Callable:
+    """Whether a task key is a contraction's tile task (never fused, dfdl.graph.fuse)."""
+    return _node_tasks(step_plans, token, lambda op, n, plan: op.contraction)
+
+
 def _light(step_plans, token: str) -> Callable:
     """Whether a task key is a light tile task: not a contraction, and its node's largest
     tile reads and writes at most ``LIGHT_BYTES`` (:mod:`dfdl.graph.fuse`)."""
-    names = set()
-    for sp in step_plans:
-        plan = sp.plan
-        for n in plan.graph.nodes:
-            op = lookup(n.op_type, n.domain)
-            if (
-                op is None
-                or op.contraction
-                or plan.task_bytes.get(n.name, LIGHT_BYTES + 1) > LIGHT_BYTES
-            ):
-                continue
-            base = f"{n.name}-{n.phase}"
-            names |= {task_name(base, token), task_name(f"{base}-partial", token)}
-    return lambda key: isinstance(key, tuple) and key[0] in names
+
+    def light(op, n, plan) -> bool:
+        return not op.contraction and plan.task_bytes.get(n.name, LIGHT_BYTES + 1) <= LIGHT_BYTES
+
+    return _node_tasks(step_plans, token, light)
 
 
 class Constants:
