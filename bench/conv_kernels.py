@@ -3,7 +3,9 @@
 For the convolution shapes of the zoo's ResNet and 3-D U-Net tiles, times (best of
 ``--repeat`` calls) dfdl's CPU kernels for Conv, ConvGradWeight and ConvGradInput in
 each layout (``channels_first``: im2col over image rows; ``channels_last``: the path
-:mod:`dfdl.ops.cpu.conv` takes for small images; ``auto``: what it picks) and, when
+:mod:`dfdl.ops.cpu.conv` takes for small images; ``direct``: the stencil kernels of
+:mod:`dfdl.ops.cpu.conv_direct`, on the shapes they can run whatever their channel
+limits; ``auto``: what it picks) and, when
 torch is installed, ``torch.nn.functional.conv{2,3}d`` and its input and weight
 gradients (``torch.nn.grad``), all on one thread (numpy's BLAS limited with
 threadpoolctl, ``torch.set_num_threads(1)``): the per-task rate of a worker thread.
@@ -24,7 +26,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from dfdl.ops.cpu import conv
+from dfdl.ops.cpu import conv, conv_direct
 
 #: (name, X shape, W shape, stride): ResNet tiles (batch 128 in 2 tiles) and U-Net tiles
 SHAPES = [
@@ -33,12 +35,15 @@ SHAPES = [
     ("resnet stage 2", (64, 128, 8, 8), (128, 128, 3, 3), 1),
     ("resnet stage 3", (64, 256, 4, 4), (256, 256, 3, 3), 1),
     ("resnet down 1->2", (64, 64, 16, 16), (128, 64, 3, 3), 2),
+    ("unet3d input", (1, 1, 64, 64, 64), (16, 1, 3, 3, 3), 1),
     ("unet3d level 1", (1, 16, 64, 64, 64), (16, 16, 3, 3, 3), 1),
+    ("unet3d up 1", (1, 32, 64, 64, 64), (16, 32, 3, 3, 3), 1),
     ("unet3d level 2", (1, 32, 32, 32, 32), (32, 32, 3, 3, 3), 1),
+    ("unet3d up 2", (1, 64, 32, 32, 32), (32, 64, 3, 3, 3), 1),
     ("unet3d level 3", (1, 64, 16, 16, 16), (64, 64, 3, 3, 3), 1),
 ]
 
-LAYOUTS = ("channels_first", "channels_last", "auto")
+LAYOUTS = ("channels_first", "channels_last", "direct", "auto")
 
 
 def best_of(fn, repeat: int) -> float:
@@ -51,16 +56,30 @@ def best_of(fn, repeat: int) -> float:
     return best
 
 
-def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float]:
-    """Seconds per call of the three kernels in ``layout``."""
-    real = conv._cl_samples
+def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float] | None:
+    """Seconds per call of the three kernels in ``layout`` (None: the layout cannot run
+    this shape)."""
+    real_cl, real_direct = conv._cl_samples, conv_direct.applies
+    limits = (conv_direct.MIN_CHANNELS, conv_direct.MAX_CHANNEL_PRODUCT, conv_direct.MAX_GRID_WASTE)
+    if layout != "auto":
+        conv_direct.applies = lambda *a: False
     if layout == "channels_first":
         conv._cl_samples = lambda *a: 0
     elif layout == "channels_last":
         conv._cl_samples = lambda npos, kk, channels, itemsize: max(
             1, conv.COLS_BYTES // max(1, npos * kk * itemsize)
         )
+    elif layout == "direct":
+        conv_direct.MIN_CHANNELS, conv_direct.MAX_CHANNEL_PRODUCT = 1, 1 << 62
+        conv_direct.MAX_GRID_WASTE = float("inf")
+        conv_direct.applies = real_direct
+        nd = x.ndim - 2
+        geo = (attrs["strides"], [1] * nd, 1, attrs["pads"][:nd], attrs["pads"][nd:])
+        if not real_direct(x.shape, w.shape, *geo, x.shape[2:], x.dtype):
+            layout = None
     try:
+        if layout is None:
+            return None
         y = conv.conv_cpu(x, w, **attrs)
         return {
             "fwd": best_of(lambda: conv.conv_cpu(x, w, **attrs), repeat),
@@ -74,7 +93,9 @@ def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float]:
             ),
         }
     finally:
-        conv._cl_samples = real
+        conv._cl_samples, conv_direct.applies = real_cl, real_direct
+        conv_direct.MIN_CHANNELS, conv_direct.MAX_CHANNEL_PRODUCT = limits[:2]
+        conv_direct.MAX_GRID_WASTE = limits[2]
 
 
 def torch_rates(x, w, stride: int, repeat: int) -> dict[str, float] | None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from dfdl.ops.cpu import conv_direct
+
 #: upper bound on one im2col/col2im buffer (bytes)
 COLS_BYTES = 4 << 20
 #: fewest channels per group for the channels-last path (each kernel offset copies this
@@ -208,6 +210,21 @@ def _plan(n: int, rows: int, row_len: int, kk: int, itemsize: int):
     return blocks, width
 
 
+def _direct(geo, x_shape, w_shape, group, dtype) -> bool:
+    """Whether the forward geometry ``geo`` takes :mod:`dfdl.ops.cpu.conv_direct`."""
+    return conv_direct.applies(
+        x_shape,
+        w_shape,
+        geo.strides,
+        geo.dilations,
+        group,
+        geo.pads_begin,
+        geo.pads_end,
+        geo.out,
+        dtype,
+    )
+
+
 def _supported(X, W, B) -> bool:
     return (
         X.dtype in _FLOATS
@@ -242,6 +259,11 @@ def conv_cpu(
     if not _supported(X, W, B):
         return ops.Conv(X, W, B, group=group, **attrs)
     geo = ops.conv_geometry(X.shape, W.shape, **attrs)
+    if _direct(geo, X.shape, W.shape, group, X.dtype):
+        y = conv_direct.conv(np.ascontiguousarray(X), W, geo.pads_begin, geo.pads_end)
+        if B is not None:
+            y += B.reshape((1, -1) + (1,) * (X.ndim - 2))
+        return y
     n, c = X.shape[:2]
     m = W.shape[0]
     cg, mg = c // group, m // group
@@ -463,6 +485,10 @@ def conv_grad_input_cpu(
         return ops.ConvGradInput(dY, W, group=group, input_shape=input_shape, **attrs)
     shape = tuple(int(v) for v in input_shape)
     geo = ops.conv_geometry(shape, W.shape, **attrs)
+    if _direct(geo, shape, W.shape, group, dY.dtype):
+        return conv_direct.conv_grad_input(
+            np.ascontiguousarray(dY), W, geo.pads_begin, geo.pads_end, shape[2:]
+        )
     # dX is the transposed convolution of dY with the same W, pads and strides
     y = _scatter(dY, W, group, geo.kernel, geo.strides, geo.dilations, geo.pads_begin, shape[2:])
     return y.reshape(shape)
@@ -488,6 +514,14 @@ def conv_grad_weight_cpu(
         return ops.ConvGradWeight(X, dY, group=group, weight_shape=weight_shape, **attrs)
     wshape = tuple(int(v) for v in weight_shape)
     geo = ops.conv_geometry(X.shape, wshape, **attrs)
+    if _direct(geo, X.shape, wshape, group, X.dtype):
+        return conv_direct.conv_grad_weight(
+            np.ascontiguousarray(X),
+            np.ascontiguousarray(dY),
+            geo.pads_begin,
+            geo.pads_end,
+            geo.kernel,
+        )
     n, c = X.shape[:2]
     m = wshape[0]
     cg, mg = c // group, m // group

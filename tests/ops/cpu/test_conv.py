@@ -2,11 +2,14 @@
 
 ``dfdl.ops.cpu.conv`` runs a convolution channels-last (per block of samples) where a
 sample's im2col buffer is small and the groups have enough channels, channels-first
-otherwise. The registry's cases (``tests/ops/cases_conv.py``) mostly have too few
-channels for the channels-last path, so here every conv-family case runs through each
-path, with blocks of one sample, of two (five samples: a short last block) and of all
-samples, against the case's reference (float32 and float64 cases: other dtypes take the
-numpy forward).
+otherwise, and stride-1 3x3 convolutions with few channels on large images through the
+direct kernels of ``dfdl.ops.cpu.conv_direct``. The registry's cases
+(``tests/ops/cases_conv.py``) mostly have too few channels for the channels-last and
+direct paths, so here every conv-family case runs through each path: channels-first,
+channels-last with blocks of one sample, of two (five samples: a short last block) and
+of all samples, and direct with its channel and border limits lifted (the cases it
+cannot run take im2col), against the case's reference (float32 and float64 cases: other
+dtypes take the numpy forward).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 import pytest
 
 from dfdl.ops import REGISTRY
-from dfdl.ops.cpu import conv
+from dfdl.ops.cpu import conv, conv_direct
 from tests.ops.test_registry import CASES, assert_matches
 
 CONV_OPS = ("Conv", "ConvTranspose", "ConvGradInput", "ConvGradWeight")
@@ -26,18 +29,34 @@ CONV_CASES = [
     and all(np.asarray(x).dtype in (np.float32, np.float64) for x in c.inputs if x is not None)
 ]
 
-#: samples per channels-last block; 0: channels-first
-LAYOUTS = {"channels_first": 0, "cl_blocks_of_1": 1, "cl_blocks_of_2": 2, "cl_one_block": 64}
+#: samples per channels-last block; 0: channels-first; None: direct where it applies
+LAYOUTS = {
+    "channels_first": 0,
+    "cl_blocks_of_1": 1,
+    "cl_blocks_of_2": 2,
+    "cl_one_block": 64,
+    "direct": None,
+}
+
+#: (op, case id) of the registry's cases that the direct kernels run when their channel
+#: and border limits are lifted
+DIRECT_CASES = {
+    ("Conv", "2d_pad"),
+    ("Conv", "2d_nopad_nobias"),
+    ("Conv", "const_weights"),
+    ("ConvGradInput", "2d_pad"),
+    ("ConvGradWeight", "2d_pad"),
+}
 
 
-def _spy(monkeypatch, name: str, calls: list) -> None:
-    real = getattr(conv, name)
+def _spy(monkeypatch, name: str, calls: list, module=conv) -> None:
+    real = getattr(module, name)
 
     def counted(*args):
         calls.append(name)
         return real(*args)
 
-    monkeypatch.setattr(conv, name, counted)
+    monkeypatch.setattr(module, name, counted)
 
 
 def test_every_conv_op_has_cases_here():
@@ -48,17 +67,28 @@ def test_every_conv_op_has_cases_here():
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: c.name())
 def test_kernel_matches_reference_in_each_layout(case, layout, monkeypatch):
     per = LAYOUTS[layout]
-    monkeypatch.setattr(conv, "_cl_samples", lambda *args: per)
+    if per is None:
+        monkeypatch.setattr(conv_direct, "MIN_CHANNELS", 1)
+        monkeypatch.setattr(conv_direct, "MAX_CHANNEL_PRODUCT", 1 << 62)
+        monkeypatch.setattr(conv_direct, "MAX_GRID_WASTE", float("inf"))
+    else:
+        monkeypatch.setattr(conv_direct, "applies", lambda *args: False)
+        monkeypatch.setattr(conv, "_cl_samples", lambda *args: per)
     calls: list = []
     _spy(monkeypatch, "_im2col_cl", calls)
     _spy(monkeypatch, "_col2im_cl", calls)
+    _spy(monkeypatch, "_stencil", calls, conv_direct)
+    _spy(monkeypatch, "_stencil_grad_weight", calls, conv_direct)
     got = REGISTRY[case.key].kernels["cpu"](*case.inputs, **case.attrs)
     assert_matches(got, case.expected()[0], case, f"{layout} kernel")
+    direct = [c for c in calls if c.startswith("_stencil")]
     pointwise_conv = case.op == "Conv" and "pointwise" in case.id
     if per and not pointwise_conv:  # a 1x1 stride-1 Conv is a plain GEMM either way
         assert calls, "the channels-last path was not taken"
-    if not per:
-        assert not calls, "the channels-first path ran channels-last kernels"
+    if per == 0:
+        assert not calls, "the channels-first path ran channels-last or direct kernels"
+    if per is None:
+        assert bool(direct) == ((case.op, case.id) in DIRECT_CASES), calls
 
 
 def test_channels_last_applies_to_small_samples_with_enough_channels(monkeypatch):

@@ -1,0 +1,356 @@
+"""Direct CPU kernels for stride-1 3x3 (and 3x3x3) convolutions with few channels.
+
+im2col copies every input value kh*kw*kd times and then runs a GEMM whose short side is
+the channel count; with 16-32 channels on large volumes (a 3-D U-Net's upper levels)
+both halves run far below the machine's rate. These kernels never build the columns.
+
+The input of one sample is zero-padded into a flat grid of ``L`` values per channel
+(padded depth x height x width, plus a slack row). On that grid every kernel tap is a
+constant flat offset, so an output position ``q`` (on the padded grid: a few columns
+and rows per plane are computed and thrown away) is
+``y[m, q] = sum_{c, i, j, l} W[m, c, i, j, l] * x[c, q + i*plane + j*row + l]``.
+The inner loop runs over ``q`` (contiguous, vectorized), holding the 9 taps of one
+(channel, depth offset) and 4 output channels in registers: 36 fused multiply-adds per
+9 input loads and 4 accumulator updates. The weight gradient is the same loop with the
+roles swapped: 18 running sums (2 output channels x 9 taps) over a block of positions.
+The input gradient of a stride-1 convolution is a convolution of dY with the flipped,
+transposed kernel, so it runs the forward kernel.
+
+The summation order of a forward (or input-gradient) output never depends on its
+position or on the block size, so its bits are the same however the image is tiled.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+#: fewest input and output channels that take the direct kernels (below this, the
+#: im2col GEMM's cost is the copy, and the direct loop is short on the channel side)
+MIN_CHANNELS = 8
+#: largest input x output channel product that takes them (above it im2col's GEMM is
+#: BLAS-efficient and measured faster: 64x64 channels at 16^3 or 16x16 images)
+MAX_CHANNEL_PRODUCT = 2048
+#: largest ratio of padded-grid positions to output positions (wasted border work)
+MAX_GRID_WASTE = 1.2
+#: output positions per block of the forward kernel (4 accumulators of this many values
+#: stay in L1) and of the weight-gradient kernel (a block of x and dY stays in L2)
+FWD_BLOCK = 512
+DW_BLOCK = 4096
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_U1 = np.uint64(1)
+_U2 = np.uint64(2)
+
+
+def applies(
+    x_shape: tuple,
+    w_shape: tuple,
+    strides,
+    dilations,
+    group: int,
+    pads_begin,
+    pads_end,
+    out_spatial,
+    dtype,
+) -> bool:
+    """Whether the direct kernels run this convolution (forward geometry): float
+    dtypes, 2-D or 3-D, kernel 3x3 (x1 or x3 in depth), stride 1, no dilation, one
+    group, pads of at most kernel-1, channel counts in range and little border waste.
+
+    Example:
+        >>> applies((1, 16, 64, 64, 64), (16, 16, 3, 3, 3), [1] * 3, [1] * 3, 1,
+        ...         [1] * 3, [1] * 3, (64, 64, 64), np.float32)
+        True
+    """
+    nd = len(x_shape) - 2
+    if np.dtype(dtype) not in _FLOATS or nd not in (2, 3) or group != 1:
+        return False
+    kernel = tuple(w_shape[2:])
+    if kernel[-2:] != (3, 3) or (nd == 3 and kernel[0] not in (1, 3)):
+        return False
+    if any(int(v) != 1 for v in strides) or any(int(v) != 1 for v in dilations):
+        return False
+    if any(not 0 <= int(p) <= k - 1 for p, k in zip(list(pads_begin) + list(pads_end), 2 * kernel)):
+        return False
+    c, m = int(x_shape[1]), int(w_shape[0])
+    if min(c, m) < MIN_CHANNELS or c * m > MAX_CHANNEL_PRODUCT:
+        return False
+    grid = np.prod([s + a + b for s, a, b in zip(x_shape[2:], pads_begin, pads_end)][1:])
+    out = np.prod([int(v) for v in out_spatial][1:])  # depth is not padded on the grid
+    return bool(out > 0 and grid <= MAX_GRID_WASTE * out)
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _stencil(xf, width, w, out, plane, row, block):
+    """One sample: ``out[m, z, y, x]`` = the convolution at grid position
+    ``q = z*plane + y*row + x`` of ``xf`` (C grids of ``width`` values, flat) with ``w``
+    (M padded to a multiple of 4, C, kd, 9)."""
+    n_m, n_c, kd, _ = w.shape
+    n_out, od, oh, ow = out.shape
+    nq = od * plane
+    ur = np.uint64(row)
+    a0 = np.empty(block, out.dtype)
+    a1 = np.empty(block, out.dtype)
+    a2 = np.empty(block, out.dtype)
+    a3 = np.empty(block, out.dtype)
+    for qa in range(0, nq, block):
+        qn = min(block, nq - qa)
+        uqn = np.uint64(qn)
+        for m0 in range(0, n_m, 4):
+            a0[:] = 0
+            a1[:] = 0
+            a2[:] = 0
+            a3[:] = 0
+            for c in range(n_c):
+                for i in range(kd):
+                    o = np.uint64(c * width + qa + i * plane)
+                    u0 = w[m0, c, i]
+                    u1 = w[m0 + 1, c, i]
+                    u2 = w[m0 + 2, c, i]
+                    u3 = w[m0 + 3, c, i]
+                    for q in range(uqn):
+                        p0 = o + q
+                        p1 = p0 + ur
+                        p2 = p1 + ur
+                        x0, x1, x2 = xf[p0], xf[p0 + _U1], xf[p0 + _U2]
+                        x3, x4, x5 = xf[p1], xf[p1 + _U1], xf[p1 + _U2]
+                        x6, x7, x8 = xf[p2], xf[p2 + _U1], xf[p2 + _U2]
+                        # one accumulator per output channel, taps added in a fixed order
+                        s = a0[q]
+                        s += u0[0] * x0
+                        s += u0[1] * x1
+                        s += u0[2] * x2
+                        s += u0[3] * x3
+                        s += u0[4] * x4
+                        s += u0[5] * x5
+                        s += u0[6] * x6
+                        s += u0[7] * x7
+                        s += u0[8] * x8
+                        a0[q] = s
+                        s = a1[q]
+                        s += u1[0] * x0
+                        s += u1[1] * x1
+                        s += u1[2] * x2
+                        s += u1[3] * x3
+                        s += u1[4] * x4
+                        s += u1[5] * x5
+                        s += u1[6] * x6
+                        s += u1[7] * x7
+                        s += u1[8] * x8
+                        a1[q] = s
+                        s = a2[q]
+                        s += u2[0] * x0
+                        s += u2[1] * x1
+                        s += u2[2] * x2
+                        s += u2[3] * x3
+                        s += u2[4] * x4
+                        s += u2[5] * x5
+                        s += u2[6] * x6
+                        s += u2[7] * x7
+                        s += u2[8] * x8
+                        a2[q] = s
+                        s = a3[q]
+                        s += u3[0] * x0
+                        s += u3[1] * x1
+                        s += u3[2] * x2
+                        s += u3[3] * x3
+                        s += u3[4] * x4
+                        s += u3[5] * x5
+                        s += u3[6] * x6
+                        s += u3[7] * x7
+                        s += u3[8] * x8
+                        a3[q] = s
+            # keep the block's positions that are outputs (not grid border columns/rows)
+            z = qa // plane
+            yy = (qa - z * plane) // row
+            xx = qa - z * plane - yy * row
+            for t in range(qn):
+                if yy < oh and xx < ow:
+                    if m0 < n_out:
+                        out[m0, z, yy, xx] = a0[t]
+                    if m0 + 1 < n_out:
+                        out[m0 + 1, z, yy, xx] = a1[t]
+                    if m0 + 2 < n_out:
+                        out[m0 + 2, z, yy, xx] = a2[t]
+                    if m0 + 3 < n_out:
+                        out[m0 + 3, z, yy, xx] = a3[t]
+                xx += 1
+                if xx == row:
+                    xx = 0
+                    yy += 1
+                    if yy * row == plane:
+                        yy = 0
+                        z += 1
+
+
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def _stencil_grad_weight(xf, width, dy, dw, plane, row, block, zero):
+    """One sample: ``dw[m, c, i, j*3 + l] += sum_q dy[m, q] * xf[c*width + q + i*plane +
+    j*row + l]`` with ``dy`` (M padded to a multiple of 2, grid positions), zero off the
+    outputs."""
+    n_m, n_c, kd, _ = dw.shape
+    nq = dy.shape[1]
+    ur = np.uint64(row)
+    for qa in range(0, nq, block):
+        qn = np.uint64(min(block, nq - qa))
+        for m0 in range(0, n_m, 2):
+            d0 = dy[m0, qa : qa + qn]
+            d1 = dy[m0 + 1, qa : qa + qn]
+            for c in range(n_c):
+                for i in range(kd):
+                    o = np.uint64(c * width + qa + i * plane)
+                    s00 = s01 = s02 = s03 = s04 = s05 = s06 = s07 = s08 = zero
+                    s10 = s11 = s12 = s13 = s14 = s15 = s16 = s17 = s18 = zero
+                    for q in range(qn):
+                        p0 = o + q
+                        p1 = p0 + ur
+                        p2 = p1 + ur
+                        x0, x1, x2 = xf[p0], xf[p0 + _U1], xf[p0 + _U2]
+                        x3, x4, x5 = xf[p1], xf[p1 + _U1], xf[p1 + _U2]
+                        x6, x7, x8 = xf[p2], xf[p2 + _U1], xf[p2 + _U2]
+                        e = d0[q]
+                        f = d1[q]
+                        s00 += e * x0
+                        s01 += e * x1
+                        s02 += e * x2
+                        s03 += e * x3
+                        s04 += e * x4
+                        s05 += e * x5
+                        s06 += e * x6
+                        s07 += e * x7
+                        s08 += e * x8
+                        s10 += f * x0
+                        s11 += f * x1
+                        s12 += f * x2
+                        s13 += f * x3
+                        s14 += f * x4
+                        s15 += f * x5
+                        s16 += f * x6
+                        s17 += f * x7
+                        s18 += f * x8
+                    r = dw[m0, c, i]
+                    r[0] += s00
+                    r[1] += s01
+                    r[2] += s02
+                    r[3] += s03
+                    r[4] += s04
+                    r[5] += s05
+                    r[6] += s06
+                    r[7] += s07
+                    r[8] += s08
+                    r = dw[m0 + 1, c, i]
+                    r[0] += s10
+                    r[1] += s11
+                    r[2] += s12
+                    r[3] += s13
+                    r[4] += s14
+                    r[5] += s15
+                    r[6] += s16
+                    r[7] += s17
+                    r[8] += s18
+
+
+def _as3d(x: np.ndarray) -> np.ndarray:
+    """(N, C, H, W) -> (N, C, 1, H, W); 3-D unchanged."""
+    return x if x.ndim == 5 else x[:, :, None]
+
+
+def _pads3d(pads_begin, pads_end, nd: int) -> tuple[list[int], list[int]]:
+    lead = [0] * (3 - nd)
+    return lead + [int(v) for v in pads_begin], lead + [int(v) for v in pads_end]
+
+
+def _grid(x: np.ndarray, pb: list[int], pe: list[int]) -> tuple[np.ndarray, tuple, int]:
+    """One sample (C, D, H, W) zero-padded into flat grids: (C * width,), the padded
+    (D, H, W) and ``width`` (padded volume plus a slack of two rows and two values, so the
+    taps of the last positions stay inside the channel's grid)."""
+    c = x.shape[0]
+    padded = tuple(s + a + b for s, a, b in zip(x.shape[1:], pb, pe))
+    volume = int(np.prod(padded))
+    width = volume + 2 * padded[2] + 2
+    grid = np.zeros((c, width), x.dtype)
+    inner = tuple(slice(a, a + s) for a, s in zip(pb, x.shape[1:]))
+    grid[:, :volume].reshape(c, *padded)[(slice(None), *inner)] = x
+    return grid.reshape(-1), padded, width
+
+
+def _weights(w5: np.ndarray, multiple: int) -> np.ndarray:
+    """(M, C, kd, 3, 3) -> (M rounded up to ``multiple``, C, kd, 9), zero rows added."""
+    m, c, kd = w5.shape[:3]
+    out = np.zeros((-(-m // multiple) * multiple, c, kd, 9), w5.dtype)
+    out[:m] = w5.reshape(m, c, kd, 9)
+    return out
+
+
+def conv(x: np.ndarray, w: np.ndarray, pads_begin, pads_end) -> np.ndarray:
+    """Stride-1 convolution of ``x`` (N, C, [D,] H, W) with ``w`` (M, C, [kd,] 3, 3).
+
+    Example:
+        >>> x = np.ones((1, 8, 4, 4), np.float32)
+        >>> float(conv(x, np.ones((8, 8, 3, 3), np.float32), [1, 1], [1, 1])[0, 0, 1, 1])
+        72.0
+    """
+    nd = x.ndim - 2
+    x5, w5 = _as3d(x), _as3d(w)
+    pb, pe = _pads3d(pads_begin, pads_end, nd)
+    n, m, kd = x5.shape[0], w5.shape[0], w5.shape[2]
+    wk = _weights(w5, 4)
+    out = None
+    for b in range(n):
+        xf, padded, width = _grid(x5[b], pb, pe)
+        spatial = (padded[0] - kd + 1, padded[1] - 2, padded[2] - 2)
+        if out is None:
+            out = np.empty((n, m, *spatial), x.dtype)
+        row = padded[2]
+        _stencil(xf, width, wk, out[b], padded[1] * row, row, FWD_BLOCK)
+    return out.reshape(out.shape[:2] + out.shape[5 - nd :])
+
+
+def conv_grad_input(dy: np.ndarray, w: np.ndarray, pads_begin, pads_end, x_spatial) -> np.ndarray:
+    """dX of :func:`conv`: the stride-1 convolution of ``dy`` with the flipped kernel,
+    input and output channels swapped, padded by ``kernel - 1 - pad`` (plus whatever
+    input the forward's end padding left unread).
+
+    Example:
+        >>> dy = np.ones((1, 8, 4, 4), np.float32)
+        >>> dx = conv_grad_input(dy, np.ones((8, 8, 3, 3), np.float32), [1, 1], [1, 1], (4, 4))
+        >>> float(dx[0, 0, 1, 1])
+        72.0
+    """
+    nd = dy.ndim - 2
+    kernel = w.shape[2:]
+    axes = tuple(range(2, 2 + nd))
+    wt = np.ascontiguousarray(np.flip(w, axes).swapaxes(0, 1))
+    begin = [k - 1 - int(p) for k, p in zip(kernel, pads_begin)]
+    end = [int(s) - o - b + k - 1 for s, o, b, k in zip(x_spatial, dy.shape[2:], begin, kernel)]
+    return conv(dy, wt, begin, end)
+
+
+def conv_grad_weight(x: np.ndarray, dy: np.ndarray, pads_begin, pads_end, kernel) -> np.ndarray:
+    """dW of :func:`conv`, shaped (M, C, [kd,] 3, 3).
+
+    Example:
+        >>> x, dy = np.ones((1, 8, 4, 4), np.float32), np.ones((1, 8, 4, 4), np.float32)
+        >>> float(conv_grad_weight(x, dy, [1, 1], [1, 1], (3, 3))[0, 0, 1, 1])
+        16.0
+    """
+    nd = x.ndim - 2
+    x5, dy5 = _as3d(x), _as3d(dy)
+    pb, pe = _pads3d(pads_begin, pads_end, nd)
+    n, c = x5.shape[:2]
+    m = dy5.shape[1]
+    kd = 1 if nd == 2 else int(kernel[0])
+    dw = np.zeros((m + m % 2, c, kd, 9), x.dtype)
+    zero = x.dtype.type(0)
+    for b in range(n):
+        xf, padded, width = _grid(x5[b], pb, pe)
+        od, oh, ow = dy5.shape[2:]
+        # dY on the grid's positions, zero on its border columns and rows
+        dyg = np.zeros((dw.shape[0], od, padded[1], padded[2]), x.dtype)
+        dyg[:m, :, :oh, :ow] = dy5[b]
+        row = padded[2]
+        _stencil_grad_weight(
+            xf, width, dyg.reshape(dw.shape[0], -1), dw, padded[1] * row, row, DW_BLOCK, zero
+        )
+    return dw[:m].reshape((m, c, *kernel))

@@ -1,0 +1,159 @@
+"""The direct stride-1 3x3 convolution kernels (``dfdl.ops.cpu.conv_direct``).
+
+Forward, input gradient and weight gradient are checked against the registry's numpy
+forwards (independent of the CPU kernels) over 2-D and 3-D geometries with every pad
+from 0 to 2 on either side, channel counts that are not multiples of the kernels' 4 or
+2 channel blocks, several samples, float32 and float64. The forward must give the same
+bits whatever its block size and however the image is cut into tiles with halos, and
+the CPU kernels must route U-Net-like convolutions here and ResNet-like ones not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dfdl.ops import REGISTRY
+from dfdl.ops.cpu import conv, conv_direct
+
+CONV, GRAD_INPUT, GRAD_WEIGHT = (
+    REGISTRY[k] for k in ("Conv", "dfdl.ConvGradInput", "dfdl.ConvGradWeight")
+)
+
+#: (id, X shape, W shape, pads)
+GEOMETRIES = [
+    ("2d_same", (2, 8, 9, 7), (8, 8, 3, 3), [1, 1, 1, 1]),
+    ("2d_valid_odd_channels", (1, 9, 8, 10), (13, 9, 3, 3), [0, 0, 0, 0]),
+    ("2d_asym_pads", (3, 10, 7, 8), (11, 10, 3, 3), [2, 0, 1, 2]),
+    ("3d_same", (1, 8, 6, 7, 5), (9, 8, 3, 3, 3), [1, 1, 1, 1, 1, 1]),
+    ("3d_asym_pads", (2, 11, 5, 6, 7), (10, 11, 3, 3, 3), [0, 2, 1, 2, 0, 1]),
+    ("3d_flat_kernel", (2, 8, 4, 6, 6), (12, 8, 1, 3, 3), [0, 1, 1, 0, 1, 1]),
+]
+
+
+def _tol(dtype):
+    return {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
+
+
+def _data(xs, ws, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: g[0])
+def test_direct_kernels_match_the_reference(geometry, dtype):
+    _, xs, ws, pads = geometry
+    x, w = _data(xs, ws, dtype)
+    nd = x.ndim - 2
+    pb, pe = pads[:nd], pads[nd:]
+    attrs = {"pads": pads}
+    y = conv_direct.conv(x, w, pb, pe)
+    np.testing.assert_allclose(y, CONV.forward(x, w, **attrs), **_tol(dtype))
+    dy = np.random.default_rng(1).standard_normal(y.shape).astype(dtype)
+    dx = conv_direct.conv_grad_input(dy, w, pb, pe, xs[2:])
+    ref_dx = GRAD_INPUT.forward(dy, w, input_shape=list(xs), **attrs)
+    np.testing.assert_allclose(dx, ref_dx, **_tol(dtype))
+    dw = conv_direct.conv_grad_weight(x, dy, pb, pe, ws[2:])
+    ref_dw = GRAD_WEIGHT.forward(x, dy, weight_shape=list(ws), **attrs)
+    np.testing.assert_allclose(dw, ref_dw, **_tol(dtype))
+    assert y.dtype == dx.dtype == dw.dtype == dtype
+
+
+@pytest.mark.parametrize("block", [1, 7, 100])
+def test_forward_bits_do_not_depend_on_the_block_size(block, monkeypatch):
+    x, w = _data((1, 8, 5, 9, 11), (10, 8, 3, 3, 3), np.float32)
+    whole = conv_direct.conv(x, w, [1] * 3, [1] * 3)
+    monkeypatch.setattr(conv_direct, "FWD_BLOCK", block)
+    assert np.array_equal(conv_direct.conv(x, w, [1] * 3, [1] * 3), whole)
+
+
+def test_forward_bits_do_not_depend_on_the_tiling():
+    """Rows 4:9 of the output, computed from a tile of rows 3:10 (one halo row each side,
+    no pad there), are the same bits as in the whole image's output."""
+    x, w = _data((2, 8, 12, 10), (8, 8, 3, 3), np.float32)
+    whole = conv_direct.conv(x, w, [1, 1], [1, 1])
+    tile = conv_direct.conv(np.ascontiguousarray(x[:, :, 3:10]), w, [0, 1], [0, 1])
+    assert np.array_equal(tile, whole[:, :, 4:9])
+
+
+def test_nan_in_the_input_reaches_the_outputs_it_touches():
+    x, w = _data((1, 8, 6, 6), (8, 8, 3, 3), np.float32)
+    x[0, 3, 2, 2] = np.nan
+    y = conv_direct.conv(x, w, [1, 1], [1, 1])
+    assert np.isnan(y[:, :, 1:4, 1:4]).all()
+    assert np.isfinite(y[:, :, 4:, :]).all() and np.isfinite(y[:, :, :, 4:]).all()
+
+
+U_NET = ((1, 16, 32, 32, 32), (16, 16, 3, 3, 3), [1] * 6)
+
+
+def _applies(xs, ws, pads, *, strides=None, dilations=None, group=1, dtype=np.float32):
+    nd = len(xs) - 2
+    strides = strides or [1] * nd
+    out = [s + a + b - k + 1 for s, a, b, k in zip(xs[2:], pads[:nd], pads[nd:], ws[2:])]
+    return conv_direct.applies(
+        xs, ws, strides, dilations or [1] * nd, group, pads[:nd], pads[nd:], out, dtype
+    )
+
+
+def test_applies_to_few_channels_on_large_images():
+    assert _applies(*U_NET)
+    assert _applies((2, 32, 64, 64), (32, 32, 3, 3), [1] * 4)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"dtype": np.float16},
+        {"strides": [1, 2, 1]},
+        {"dilations": [1, 1, 2]},
+        {"group": 2},
+        {"ws": (16, 16, 3, 3, 5)},
+        {"ws": (16, 16, 2, 3, 3)},
+        {"pads": [3, 1, 1, 1, 1, 1]},
+        {"xs": (1, 4, 32, 32, 32), "ws": (16, 4, 3, 3, 3)},  # too few input channels
+        {"ws": (4, 16, 3, 3, 3)},  # too few output channels
+        {"xs": (1, 64, 32, 32, 32), "ws": (64, 64, 3, 3, 3)},  # BLAS-efficient im2col
+        {"xs": (1, 16, 32, 4, 4)},  # 6x6 grid for 4x4 outputs
+    ],
+    ids=lambda c: "-".join(c),
+)
+def test_does_not_apply(change):
+    xs, ws, pads = U_NET
+    kw = {k: v for k, v in change.items() if k not in ("xs", "ws", "pads")}
+    assert not _applies(change.get("xs", xs), change.get("ws", ws), change.get("pads", pads), **kw)
+
+
+def _spy(monkeypatch, calls):
+    for name in ("_stencil", "_stencil_grad_weight"):
+        real = getattr(conv_direct, name)
+
+        def counted(*args, _real=real, _name=name):
+            calls.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(conv_direct, name, counted)
+
+
+@pytest.mark.parametrize(
+    "shapes, direct",
+    [
+        (((1, 16, 8, 24, 24), (16, 16, 3, 3, 3)), True),
+        (((4, 64, 8, 8), (64, 64, 3, 3)), False),
+    ],
+    ids=["unet_like", "resnet_like"],
+)
+def test_cpu_kernels_route_by_shape(shapes, direct, monkeypatch):
+    xs, ws = shapes
+    x, w = _data(xs, ws, np.float32)
+    attrs = {"pads": [1] * 2 * (x.ndim - 2)}
+    calls: list = []
+    _spy(monkeypatch, calls)
+    y = conv.conv_cpu(x, w, **attrs)
+    dy = np.ones_like(y)
+    conv.conv_grad_input_cpu(dy, w, input_shape=list(xs), **attrs)
+    conv.conv_grad_weight_cpu(x, dy, weight_shape=list(ws), **attrs)
+    expected = ["_stencil", "_stencil", "_stencil_grad_weight"] if direct else []
+    assert calls == expected
+    np.testing.assert_allclose(y, CONV.forward(x, w, **attrs), rtol=1e-4, atol=1e-4)
