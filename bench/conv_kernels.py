@@ -60,7 +60,8 @@ def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float] | None
     """Seconds per call of the three kernels in ``layout`` (None: the layout cannot run
     this shape)."""
     real_cl, real_direct = conv._cl_samples, conv_direct.applies
-    limits = (conv_direct.MIN_CHANNELS, conv_direct.MAX_CHANNEL_PRODUCT, conv_direct.MAX_GRID_WASTE)
+    names = ("MIN_CHANNELS", "MAX_CHANNEL_PRODUCT", "MAX_GRID_WASTE", "MIN_POSITIONS")
+    limits = {k: getattr(conv_direct, k) for k in names}
     if layout != "auto":
         conv_direct.applies = lambda *a: False
     if layout == "channels_first":
@@ -71,7 +72,7 @@ def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float] | None
         )
     elif layout == "direct":
         conv_direct.MIN_CHANNELS, conv_direct.MAX_CHANNEL_PRODUCT = 1, 1 << 62
-        conv_direct.MAX_GRID_WASTE = float("inf")
+        conv_direct.MAX_GRID_WASTE, conv_direct.MIN_POSITIONS = float("inf"), 1
         conv_direct.applies = real_direct
         nd = x.ndim - 2
         geo = (attrs["strides"], [1] * nd, 1, attrs["pads"][:nd], attrs["pads"][nd:])
@@ -94,8 +95,8 @@ def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float] | None
         }
     finally:
         conv._cl_samples, conv_direct.applies = real_cl, real_direct
-        conv_direct.MIN_CHANNELS, conv_direct.MAX_CHANNEL_PRODUCT = limits[:2]
-        conv_direct.MAX_GRID_WASTE = limits[2]
+        for k, v in limits.items():
+            setattr(conv_direct, k, v)
 
 
 def torch_rates(x, w, stride: int, repeat: int) -> dict[str, float] | None:

@@ -10,8 +10,10 @@ constant flat offset, so an output position ``q`` (on the padded grid: a few col
 and rows per plane are computed and thrown away) is
 ``y[m, q] = sum_{c, i, j, l} W[m, c, i, j, l] * x[c, q + i*plane + j*row + l]``.
 The inner loop runs over ``q`` (contiguous, vectorized), holding the 9 taps of one
-(channel, depth offset) and 4 output channels in registers: 36 fused multiply-adds per
-9 input loads and 4 accumulator updates. The weight gradient is the same loop with the
+(channel, depth offset) for 2 output channels in registers: 18 fused multiply-adds per
+9 input loads and 2 accumulator updates. (With 4 output channels the 36 weights no
+longer fit the 32 vector registers and are reloaded every iteration: 108 against 133
+GFLOP/s at 16 channels.) The weight gradient is the same loop with the
 roles swapped: 18 running sums (2 output channels x 9 taps) over a block of positions.
 Both ask LLVM for 512-bit vectors (:mod:`dfdl.ops.cpu.vector_width`): they are bound by
 their multiply-adds, and measured 15-25% faster so.
@@ -32,14 +34,17 @@ from dfdl.ops.cpu.vector_width import prefer_wide_vectors
 #: fewest input and output channels that take the direct kernels (below this, the
 #: im2col GEMM's cost is the copy, and the direct loop is short on the channel side)
 MIN_CHANNELS = 8
-#: largest input x output channel product that takes them (above it im2col's GEMM is
-#: BLAS-efficient and measured faster: 64x64 channels at 16^3 or 16x16 images)
-MAX_CHANNEL_PRODUCT = 2048
+#: largest input x output channel product that takes them (measured up to 64 x 64 and
+#: 128 x 32, where they still beat im2col; above, im2col's GEMM is untested here)
+MAX_CHANNEL_PRODUCT = 4096
 #: largest ratio of padded-grid positions to output positions (wasted border work)
-MAX_GRID_WASTE = 1.2
-#: output positions per block of the forward kernel (4 accumulators of this many values
+MAX_GRID_WASTE = 1.4
+#: fewest output positions per sample (the kernels run sample by sample: a batch of
+#: 16x16 images, as in ResNet, measured 20-30% slower than im2col's one GEMM)
+MIN_POSITIONS = 1024
+#: output positions per block of the forward kernel (2 accumulators of this many values
 #: stay in L1) and of the weight-gradient kernel (a block of x and dY stays in L2)
-FWD_BLOCK = 512
+FWD_BLOCK = 2048
 DW_BLOCK = 4096
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -60,7 +65,8 @@ def applies(
 ) -> bool:
     """Whether the direct kernels run this convolution (forward geometry): float
     dtypes, 2-D or 3-D, kernel 3x3 (x1 or x3 in depth), stride 1, no dilation, one
-    group, pads of at most kernel-1, channel counts in range and little border waste.
+    group, pads of at most kernel-1, channel counts in range, images large enough and
+    little border waste.
 
     Example:
         >>> applies((1, 16, 64, 64, 64), (16, 16, 3, 3, 3), [1] * 3, [1] * 3, 1,
@@ -82,14 +88,15 @@ def applies(
         return False
     grid = np.prod([s + a + b for s, a, b in zip(x_shape[2:], pads_begin, pads_end)][1:])
     out = np.prod([int(v) for v in out_spatial][1:])  # depth is not padded on the grid
-    return bool(out > 0 and grid <= MAX_GRID_WASTE * out)
+    positions = np.prod([int(v) for v in out_spatial])
+    return bool(positions >= MIN_POSITIONS and grid <= MAX_GRID_WASTE * out)
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _stencil(xf, width, w, out, plane, row, block):
     """One sample: ``out[m, z, y, x]`` = the convolution at grid position
     ``q = z*plane + y*row + x`` of ``xf`` (C grids of ``width`` values, flat) with ``w``
-    (M padded to a multiple of 4, C, kd, 9)."""
+    (M padded to a multiple of 2, C, kd, 9)."""
     prefer_wide_vectors()
     n_m, n_c, kd, _ = w.shape
     n_out, od, oh, ow = out.shape
@@ -97,23 +104,17 @@ def _stencil(xf, width, w, out, plane, row, block):
     ur = np.uint64(row)
     a0 = np.empty(block, out.dtype)
     a1 = np.empty(block, out.dtype)
-    a2 = np.empty(block, out.dtype)
-    a3 = np.empty(block, out.dtype)
     for qa in range(0, nq, block):
         qn = min(block, nq - qa)
         uqn = np.uint64(qn)
-        for m0 in range(0, n_m, 4):
+        for m0 in range(0, n_m, 2):
             a0[:] = 0
             a1[:] = 0
-            a2[:] = 0
-            a3[:] = 0
             for c in range(n_c):
                 for i in range(kd):
                     o = np.uint64(c * width + qa + i * plane)
                     u0 = w[m0, c, i]
                     u1 = w[m0 + 1, c, i]
-                    u2 = w[m0 + 2, c, i]
-                    u3 = w[m0 + 3, c, i]
                     for q in range(uqn):
                         p0 = o + q
                         p1 = p0 + ur
@@ -144,42 +145,16 @@ def _stencil(xf, width, w, out, plane, row, block):
                         s += u1[7] * x7
                         s += u1[8] * x8
                         a1[q] = s
-                        s = a2[q]
-                        s += u2[0] * x0
-                        s += u2[1] * x1
-                        s += u2[2] * x2
-                        s += u2[3] * x3
-                        s += u2[4] * x4
-                        s += u2[5] * x5
-                        s += u2[6] * x6
-                        s += u2[7] * x7
-                        s += u2[8] * x8
-                        a2[q] = s
-                        s = a3[q]
-                        s += u3[0] * x0
-                        s += u3[1] * x1
-                        s += u3[2] * x2
-                        s += u3[3] * x3
-                        s += u3[4] * x4
-                        s += u3[5] * x5
-                        s += u3[6] * x6
-                        s += u3[7] * x7
-                        s += u3[8] * x8
-                        a3[q] = s
             # keep the block's positions that are outputs (not grid border columns/rows)
             z = qa // plane
             yy = (qa - z * plane) // row
             xx = qa - z * plane - yy * row
+            second = m0 + 1 < n_out
             for t in range(qn):
                 if yy < oh and xx < ow:
-                    if m0 < n_out:
-                        out[m0, z, yy, xx] = a0[t]
-                    if m0 + 1 < n_out:
+                    out[m0, z, yy, xx] = a0[t]
+                    if second:
                         out[m0 + 1, z, yy, xx] = a1[t]
-                    if m0 + 2 < n_out:
-                        out[m0 + 2, z, yy, xx] = a2[t]
-                    if m0 + 3 < n_out:
-                        out[m0 + 3, z, yy, xx] = a3[t]
                 xx += 1
                 if xx == row:
                     xx = 0
@@ -301,7 +276,7 @@ def conv(x: np.ndarray, w: np.ndarray, pads_begin, pads_end) -> np.ndarray:
     x5, w5 = _as3d(x), _as3d(w)
     pb, pe = _pads3d(pads_begin, pads_end, nd)
     n, m, kd = x5.shape[0], w5.shape[0], w5.shape[2]
-    wk = _weights(w5, 4)
+    wk = _weights(w5, 2)
     out = None
     for b in range(n):
         xf, padded, width = _grid(x5[b], pb, pe)

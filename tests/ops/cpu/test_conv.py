@@ -7,7 +7,7 @@ direct kernels of ``dfdl.ops.cpu.conv_direct``. The registry's cases
 (``tests/ops/cases_conv.py``) mostly have too few channels for the channels-last and
 direct paths, so here every conv-family case runs through each path: channels-first,
 channels-last with blocks of one sample, of two (five samples: a short last block) and
-of all samples, and direct with its channel and border limits lifted (the cases it
+of all samples, and direct with its channel, size and border limits lifted (the cases it
 cannot run take im2col), against the case's reference (float32 and float64 cases: other
 dtypes take the numpy forward).
 """
@@ -71,6 +71,7 @@ def test_kernel_matches_reference_in_each_layout(case, layout, monkeypatch):
         monkeypatch.setattr(conv_direct, "MIN_CHANNELS", 1)
         monkeypatch.setattr(conv_direct, "MAX_CHANNEL_PRODUCT", 1 << 62)
         monkeypatch.setattr(conv_direct, "MAX_GRID_WASTE", float("inf"))
+        monkeypatch.setattr(conv_direct, "MIN_POSITIONS", 1)
     else:
         monkeypatch.setattr(conv_direct, "applies", lambda *args: False)
         monkeypatch.setattr(conv, "_cl_samples", lambda *args: per)

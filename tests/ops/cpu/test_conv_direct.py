@@ -100,6 +100,7 @@ def _applies(xs, ws, pads, *, strides=None, dilations=None, group=1, dtype=np.fl
 def test_applies_to_few_channels_on_large_images():
     assert _applies(*U_NET)
     assert _applies((2, 32, 64, 64), (32, 32, 3, 3), [1] * 4)
+    assert _applies((1, 64, 16, 16, 16), (64, 64, 3, 3, 3), [1] * 6)
 
 
 @pytest.mark.parametrize(
@@ -114,10 +115,24 @@ def test_applies_to_few_channels_on_large_images():
         {"pads": [3, 1, 1, 1, 1, 1]},
         {"xs": (1, 4, 32, 32, 32), "ws": (16, 4, 3, 3, 3)},  # too few input channels
         {"ws": (4, 16, 3, 3, 3)},  # too few output channels
-        {"xs": (1, 64, 32, 32, 32), "ws": (64, 64, 3, 3, 3)},  # BLAS-efficient im2col
-        {"xs": (1, 16, 32, 4, 4)},  # 6x6 grid for 4x4 outputs
+        {"xs": (1, 128, 32, 32, 32), "ws": (64, 128, 3, 3, 3)},  # channel product
+        {"xs": (1, 16, 64, 4, 4)},  # 6x6 grid for 4x4 outputs
+        {"xs": (64, 16, 1, 16, 16), "ws": (16, 16, 1, 3, 3), "pads": [0, 1, 1, 0, 1, 1]},
     ],
-    ids=lambda c: "-".join(c),
+    ids=[
+        "float16",
+        "stride",
+        "dilation",
+        "groups",
+        "kernel_5",
+        "kernel_2",
+        "pad_3",
+        "few_input_channels",
+        "few_output_channels",
+        "many_channels",
+        "border_waste",
+        "small_images",
+    ],
 )
 def test_does_not_apply(change):
     xs, ws, pads = U_NET
@@ -140,7 +155,7 @@ def _spy(monkeypatch, calls):
     "shapes, direct",
     [
         (((1, 16, 8, 24, 24), (16, 16, 3, 3, 3)), True),
-        (((4, 64, 8, 8), (64, 64, 3, 3)), False),
+        (((4, 64, 16, 16), (64, 64, 3, 3)), False),
     ],
     ids=["unet_like", "resnet_like"],
 )
