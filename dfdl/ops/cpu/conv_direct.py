@@ -92,6 +92,37 @@ def applies(
     return bool(positions >= MIN_POSITIONS and grid <= MAX_GRID_WASTE * out)
 
 
+@numba.njit(inline="always")
+def _taps(s, u, x0, x1, x2, x3, x4, x5, x6, x7, x8):
+    """``s + u[0]*x0 + ... + u[8]*x8``, added in this order (one output's 9 taps)."""
+    s += u[0] * x0
+    s += u[1] * x1
+    s += u[2] * x2
+    s += u[3] * x3
+    s += u[4] * x4
+    s += u[5] * x5
+    s += u[6] * x6
+    s += u[7] * x7
+    s += u[8] * x8
+    return s
+
+
+@numba.njit(inline="always")
+def _sums(s, e, x0, x1, x2, x3, x4, x5, x6, x7, x8):
+    """The 9 running sums ``s[k] + e * xk`` of one output channel's tap gradients."""
+    return (
+        s[0] + e * x0,
+        s[1] + e * x1,
+        s[2] + e * x2,
+        s[3] + e * x3,
+        s[4] + e * x4,
+        s[5] + e * x5,
+        s[6] + e * x6,
+        s[7] + e * x7,
+        s[8] + e * x8,
+    )
+
+
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _stencil(xf, width, w, out, plane, row, block):
     """One sample: ``out[m, z, y, x]`` = the convolution at grid position
@@ -122,29 +153,8 @@ def _stencil(xf, width, w, out, plane, row, block):
                         x0, x1, x2 = xf[p0], xf[p0 + _U1], xf[p0 + _U2]
                         x3, x4, x5 = xf[p1], xf[p1 + _U1], xf[p1 + _U2]
                         x6, x7, x8 = xf[p2], xf[p2 + _U1], xf[p2 + _U2]
-                        # one accumulator per output channel, taps added in a fixed order
-                        s = a0[q]
-                        s += u0[0] * x0
-                        s += u0[1] * x1
-                        s += u0[2] * x2
-                        s += u0[3] * x3
-                        s += u0[4] * x4
-                        s += u0[5] * x5
-                        s += u0[6] * x6
-                        s += u0[7] * x7
-                        s += u0[8] * x8
-                        a0[q] = s
-                        s = a1[q]
-                        s += u1[0] * x0
-                        s += u1[1] * x1
-                        s += u1[2] * x2
-                        s += u1[3] * x3
-                        s += u1[4] * x4
-                        s += u1[5] * x5
-                        s += u1[6] * x6
-                        s += u1[7] * x7
-                        s += u1[8] * x8
-                        a1[q] = s
+                        a0[q] = _taps(a0[q], u0, x0, x1, x2, x3, x4, x5, x6, x7, x8)
+                        a1[q] = _taps(a1[q], u1, x0, x1, x2, x3, x4, x5, x6, x7, x8)
             # keep the block's positions that are outputs (not grid border columns/rows)
             z = qa // plane
             yy = (qa - z * plane) // row
@@ -181,8 +191,8 @@ def _stencil_grad_weight(xf, width, dy, dw, plane, row, block, zero):
             for c in range(n_c):
                 for i in range(kd):
                     o = np.uint64(c * width + qa + i * plane)
-                    s00 = s01 = s02 = s03 = s04 = s05 = s06 = s07 = s08 = zero
-                    s10 = s11 = s12 = s13 = s14 = s15 = s16 = s17 = s18 = zero
+                    s0 = (zero, zero, zero, zero, zero, zero, zero, zero, zero)
+                    s1 = s0
                     for q in range(qn):
                         p0 = o + q
                         p1 = p0 + ur
@@ -190,46 +200,11 @@ def _stencil_grad_weight(xf, width, dy, dw, plane, row, block, zero):
                         x0, x1, x2 = xf[p0], xf[p0 + _U1], xf[p0 + _U2]
                         x3, x4, x5 = xf[p1], xf[p1 + _U1], xf[p1 + _U2]
                         x6, x7, x8 = xf[p2], xf[p2 + _U1], xf[p2 + _U2]
-                        e = d0[q]
-                        f = d1[q]
-                        s00 += e * x0
-                        s01 += e * x1
-                        s02 += e * x2
-                        s03 += e * x3
-                        s04 += e * x4
-                        s05 += e * x5
-                        s06 += e * x6
-                        s07 += e * x7
-                        s08 += e * x8
-                        s10 += f * x0
-                        s11 += f * x1
-                        s12 += f * x2
-                        s13 += f * x3
-                        s14 += f * x4
-                        s15 += f * x5
-                        s16 += f * x6
-                        s17 += f * x7
-                        s18 += f * x8
-                    r = dw[m0, c, i]
-                    r[0] += s00
-                    r[1] += s01
-                    r[2] += s02
-                    r[3] += s03
-                    r[4] += s04
-                    r[5] += s05
-                    r[6] += s06
-                    r[7] += s07
-                    r[8] += s08
-                    r = dw[m0 + 1, c, i]
-                    r[0] += s10
-                    r[1] += s11
-                    r[2] += s12
-                    r[3] += s13
-                    r[4] += s14
-                    r[5] += s15
-                    r[6] += s16
-                    r[7] += s17
-                    r[8] += s18
+                        s0 = _sums(s0, d0[q], x0, x1, x2, x3, x4, x5, x6, x7, x8)
+                        s1 = _sums(s1, d1[q], x0, x1, x2, x3, x4, x5, x6, x7, x8)
+                    for t in range(9):
+                        dw[m0, c, i, t] += s0[t]
+                        dw[m0 + 1, c, i, t] += s1[t]
 
 
 def _as3d(x: np.ndarray) -> np.ndarray:
