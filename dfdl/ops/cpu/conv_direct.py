@@ -93,6 +93,24 @@ def applies(
 
 
 @numba.njit(inline="always")
+def _window(xf, p, row):
+    """The 3x3 input values at flat offset ``p`` of a grid with ``row`` values per row."""
+    p1 = p + row
+    p2 = p1 + row
+    return (
+        xf[p],
+        xf[p + _U1],
+        xf[p + _U2],
+        xf[p1],
+        xf[p1 + _U1],
+        xf[p1 + _U2],
+        xf[p2],
+        xf[p2 + _U1],
+        xf[p2 + _U2],
+    )
+
+
+@numba.njit(inline="always")
 def _taps(s, u, x0, x1, x2, x3, x4, x5, x6, x7, x8):
     """``s + u[0]*x0 + ... + u[8]*x8``, added in this order (one output's 9 taps)."""
     s += u[0] * x0
@@ -147,12 +165,7 @@ def _stencil(xf, width, w, out, plane, row, block):
                     u0 = w[m0, c, i]
                     u1 = w[m0 + 1, c, i]
                     for q in range(uqn):
-                        p0 = o + q
-                        p1 = p0 + ur
-                        p2 = p1 + ur
-                        x0, x1, x2 = xf[p0], xf[p0 + _U1], xf[p0 + _U2]
-                        x3, x4, x5 = xf[p1], xf[p1 + _U1], xf[p1 + _U2]
-                        x6, x7, x8 = xf[p2], xf[p2 + _U1], xf[p2 + _U2]
+                        x0, x1, x2, x3, x4, x5, x6, x7, x8 = _window(xf, o + q, ur)
                         a0[q] = _taps(a0[q], u0, x0, x1, x2, x3, x4, x5, x6, x7, x8)
                         a1[q] = _taps(a1[q], u1, x0, x1, x2, x3, x4, x5, x6, x7, x8)
             # keep the block's positions that are outputs (not grid border columns/rows)
@@ -194,12 +207,7 @@ def _stencil_grad_weight(xf, width, dy, dw, plane, row, block, zero):
                     s0 = (zero, zero, zero, zero, zero, zero, zero, zero, zero)
                     s1 = s0
                     for q in range(qn):
-                        p0 = o + q
-                        p1 = p0 + ur
-                        p2 = p1 + ur
-                        x0, x1, x2 = xf[p0], xf[p0 + _U1], xf[p0 + _U2]
-                        x3, x4, x5 = xf[p1], xf[p1 + _U1], xf[p1 + _U2]
-                        x6, x7, x8 = xf[p2], xf[p2 + _U1], xf[p2 + _U2]
+                        x0, x1, x2, x3, x4, x5, x6, x7, x8 = _window(xf, o + q, ur)
                         s0 = _sums(s0, d0[q], x0, x1, x2, x3, x4, x5, x6, x7, x8)
                         s1 = _sums(s1, d1[q], x0, x1, x2, x3, x4, x5, x6, x7, x8)
                     for t in range(9):
