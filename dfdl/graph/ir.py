@@ -96,6 +96,22 @@ class Graph:
                     out.setdefault(i, []).append(n)
         return out
 
+    def fresh_name(self, base: str) -> str:
+        """``base``, or ``base_1``, ``base_2``, ...: the first that names no value of the
+        graph (input, initializer, typed value or node output).
+
+        Example:
+            >>> Graph("g", [], ["x"], []).fresh_name("x")
+            'x_1'
+        """
+        taken = {*self.inputs, *self.initializers, *self.types}
+        taken.update(o for n in self.nodes for o in n.outputs)
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        return name
+
     def prune(self) -> None:
         """Drop nodes and initializers that no graph output depends on."""
         needed = set(self.outputs)

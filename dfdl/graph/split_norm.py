@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
+from dfdl.graph.fuse_norm_relu import FUSED, unfuse_batch_norm_relu
 from dfdl.graph.ir import Graph, Node
 from dfdl.ops.registry import DFDL_DOMAIN, TensorType
 
@@ -35,16 +36,26 @@ def _is_bn_grad(n: Node) -> bool:
 
 
 def splittable(graph: Graph, node_name: str) -> bool:
-    """Whether ``node_name`` is a node :func:`split_batch_norms` would rewrite."""
-    return any(n.name == node_name and (_is_training_bn(n) or _is_bn_grad(n)) for n in graph.nodes)
+    """Whether ``node_name`` is a node :func:`split_batch_norms` would rewrite (fused
+    with its Relu or not: :mod:`dfdl.graph.fuse_norm_relu`)."""
+    return any(
+        n.name == node_name
+        and (
+            _is_training_bn(n) or _is_bn_grad(n) or (n.domain == DFDL_DOMAIN and n.op_type in FUSED)
+        )
+        for n in graph.nodes
+    )
 
 
 def split_batch_norms(graph: Graph) -> int:
     """Rewrite every training-mode BatchNormalization and its gradient, in place.
 
+    Nodes fused with their Relu (:mod:`dfdl.graph.fuse_norm_relu`) are expanded first.
+
     Returns:
         How many nodes were rewritten.
     """
+    unfuse_batch_norm_relu(graph)
     moments: dict[str, str] = {}  # X -> its moments value
     out: list[Node] = []
     count = 0
@@ -59,7 +70,7 @@ def split_batch_norms(graph: Graph) -> int:
 
     def moments_of(like: Node, x: str) -> str:
         if x not in moments:
-            m = _fresh(graph, f"{x}.moments")
+            m = graph.fresh_name(f"{x}.moments")
             graph.types[m] = TensorType((graph.types[x].shape[1], 3), np.float64)
             add(like, _fresh_node(graph, out, f"{like.name}.moments"), "BatchNormMoments", [x], [m])
             moments[x] = m
@@ -83,7 +94,7 @@ def split_batch_norms(graph: Graph) -> int:
             dy, x, scale = n.inputs[:3]
             extra = [*n.inputs[3:5], "", ""][:2]
             m = moments_of(n, x)
-            g = _fresh(graph, f"{n.name}.sums")
+            g = graph.fresh_name(f"{n.name}.sums")
             graph.types[g] = TensorType((graph.types[x].shape[1], 2), np.float64)
             add(n, f"{n.name}.sums", "BatchNormGradSums", [dy, x, m], [g], eps)
             dx, ds, db = [*n.outputs, "", ""][:3]
@@ -96,14 +107,6 @@ def split_batch_norms(graph: Graph) -> int:
             out.append(n)
     graph.nodes = out
     return count
-
-
-def _fresh(graph: Graph, base: str) -> str:
-    name, k = base, 0
-    while name in graph.types or name in graph.initializers:
-        k += 1
-        name = f"{base}_{k}"
-    return name
 
 
 def _fresh_node(graph: Graph, made: list[Node], base: str) -> str:

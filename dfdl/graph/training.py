@@ -109,6 +109,19 @@ class TrainingGraph:
         split_batch_norms(graph)
         return dataclasses.replace(self, graph=graph)
 
+    def fuse_batch_norm_relu(self) -> TrainingGraph:
+        """A copy whose BatchNormalization -> Relu pairs (and their gradients) run as
+        one op each way (:mod:`dfdl.graph.fuse_norm_relu`).
+
+        Example:
+            >>> tg.fuse_batch_norm_relu().plan()  # doctest: +SKIP
+        """
+        from dfdl.graph.fuse_norm_relu import fuse_batch_norm_relu
+
+        graph = self.graph.copy()
+        fuse_batch_norm_relu(graph)
+        return dataclasses.replace(self, graph=graph)
+
     def seeds(self, seed: int, step: int) -> dict[str, dict[str, int]]:
         """Per-node attribute overrides of one step: every Dropout's seed (a clone
         rebuilding a Dropout draws the original's mask)."""
@@ -158,7 +171,8 @@ def _refined_for_norms(plan) -> bool:
 def plan_training(
     tg: TrainingGraph, tiles=None, *, cores: int = 1, memory_limit: int | None = None
 ) -> tuple[TrainingGraph, object]:
-    """``(tg, tg.plan(...))``, or the training graph with split BatchNormalizations
+    """``(tg, tg.plan(...))`` with each BatchNormalization -> Relu pair fused
+    (:mod:`dfdl.graph.fuse_norm_relu`), or the training graph with split BatchNormalizations
     (:mod:`dfdl.graph.split_norm`) and its plan: when ``tiles`` has ``"split_norms": 1``,
     or when the plan fails on a BatchNormalization's whole-channel tasks, or when those
     tasks made the automatic plan split channels and the split graph's plan needs at most
@@ -179,23 +193,26 @@ def plan_training(
             raise PlanError(f"tiles[{SPLIT_NORMS!r}] must be 0 or 1, not {split!r}")
         tiles = {k: v for k, v in tiles.items() if k != SPLIT_NORMS}
     if not split:
+        # whole BatchNormalizations run fused with their Relu; the split form is
+        # planned from the unfused graph
+        fused = tg.fuse_batch_norm_relu()
         try:
-            plan = tg.plan(tiles, cores=cores, memory_limit=memory_limit)
+            plan = fused.plan(tiles, cores=cores, memory_limit=memory_limit)
         except MemoryPlanError as e:
-            if not splittable(tg.graph, e.node or ""):
+            if not splittable(fused.graph, e.node or ""):
                 raise
         else:
             if tiles is not None or memory_limit is None or not _refined_for_norms(plan):
-                return tg, plan
+                return fused, plan
             # whole-channel BatchNorm tasks made the planner split the channels finely;
             # split passes over batch and space may need far fewer tasks
             split_tg = tg.split_batch_norms()
             try:
                 split_plan = split_tg.plan(None, cores=cores, memory_limit=memory_limit)
             except MemoryPlanError:
-                return tg, plan
+                return fused, plan
             if split_plan.n_tasks() > SPLIT_NORMS_GAIN * plan.n_tasks():
-                return tg, plan
+                return fused, plan
             tg, plan = split_tg, split_plan
             if isinstance(plan.tiles, dict):
                 plan.tiles = {**plan.tiles, SPLIT_NORMS: 1}
@@ -311,7 +328,7 @@ def build_training_graph(
     if not model_loss:
         if labels is None:
             raise ShapeError(f"loss {loss!r} needs labels (data=(X, y))")
-        label_name = _fresh(g, "labels")
+        label_name = g.fresh_name("labels")
         g.inputs.append(label_name)
         g.declared[label_name] = (tuple(labels.shape), labels.dtype)
         types[label_name] = labels
@@ -338,8 +355,8 @@ def build_training_graph(
             "(other than BatchNorm statistics and frozen ones) affects the loss"
         )
     b = GradBuilder(bound, phase="update")
-    lr_name = _fresh(bound, "lr")
-    step_inputs = {k: _fresh(bound, f"optim.{k}") for k in optimizer.step_scalars(1, 0.0)}
+    lr_name = bound.fresh_name("lr")
+    step_inputs = {k: bound.fresh_name(f"optim.{k}") for k in optimizer.step_scalars(1, 0.0)}
     scalars = [lr_name, *step_inputs.values()]
     for s in scalars:
         bound.inputs.append(s)
@@ -387,14 +404,3 @@ def build_training_graph(
 
 def _used(graph: Graph, name: str) -> bool:
     return any(name in n.inputs for n in graph.nodes)
-
-
-def _fresh(graph: Graph, base: str) -> str:
-    name, k = base, 0
-    taken = (
-        set(graph.inputs) | set(graph.initializers) | {o for n in graph.nodes for o in n.outputs}
-    )
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    return name

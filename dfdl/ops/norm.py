@@ -19,6 +19,8 @@ from dfdl.ops.common import elementwise_tile, letters, normalize_axis
 from dfdl.ops.cpu.norm import (
     cpu_batch_normalization,
     cpu_batch_normalization_grad,
+    cpu_batch_normalization_relu,
+    cpu_batch_normalization_relu_grad,
     cpu_instance_normalization,
     cpu_instance_normalization_grad,
     cpu_layer_normalization,
@@ -447,6 +449,77 @@ def BatchNormalizationGrad(dY, X, scale, dMean=None, dVar=None, *, epsilon=1e-5)
         ds.reshape(-1).astype(scale.dtype),
         db.reshape(-1).astype(scale.dtype),
     )
+
+
+# ------------------------------- dfdl.BatchNormalizationRelu / BatchNormalizationReluGrad
+# A training-mode BatchNormalization whose output only a Relu reads, and the gradient
+# pair behind them, fused after differentiation (dfdl/graph/fuse_norm_relu.py): one pass
+# over the activation instead of two each way.
+
+
+def _bn_relu_shape(inputs, consts, *, epsilon=1e-5, momentum=0.9):
+    return _bn_shape(inputs, consts, epsilon=epsilon, momentum=momentum, training_mode=1)
+
+
+def _bn_relu_tile(ctx: TileContext) -> TileSpec:
+    x = ".c" + "." * (ctx.inputs[0].rank - 2)  # batch statistics: channels split only
+    return TileSpec(inputs=(x, "c", "c", "c", "c"), outputs=(x, "c", "c")[: len(ctx.outputs)])
+
+
+@register(
+    "BatchNormalizationRelu",
+    domain=DFDL_DOMAIN,
+    shape=_bn_relu_shape,
+    tile=_bn_relu_tile,
+    kernels={"cpu": cpu_batch_normalization_relu},
+    differentiable=False,
+)
+def BatchNormalizationRelu(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9):
+    """``Relu`` of a training-mode BatchNormalization's Y; returns ``(Z, running_mean,
+    running_var)``.
+
+    Example:
+        >>> x = np.array([[-1.0], [1.0]], np.float32); one = np.ones(1, np.float32)
+        >>> BatchNormalizationRelu(x, one, 0 * one, 0 * one, one)[0].ravel().round(2)
+        array([0., 1.], dtype=float32)
+    """
+    y, running_mean, running_var = BatchNormalization(
+        X, scale, B, input_mean, input_var, epsilon=epsilon, momentum=momentum, training_mode=1
+    )
+    return np.maximum(y, y.dtype.type(0)), running_mean, running_var
+
+
+def _bn_relu_grad_shape(inputs, consts, *, epsilon=1e-5):
+    dZ, Z = inputs[:2]
+    _check_like("dfdl.BatchNormalizationReluGrad", "Z", Z, dZ.shape)
+    return _bn_grad_shape([dZ, *inputs[2:]], consts, epsilon=epsilon)
+
+
+def _bn_relu_grad_tile(ctx: TileContext) -> TileSpec:
+    x = ".c" + "." * (ctx.inputs[2].rank - 2)
+    return TileSpec(inputs=(x, x, x, "c", "c", "c")[: len(ctx.inputs)], outputs=(x, "c", "c"))
+
+
+@register(
+    "BatchNormalizationReluGrad",
+    domain=DFDL_DOMAIN,
+    shape=_bn_relu_grad_shape,
+    tile=_bn_relu_grad_tile,
+    kernels={"cpu": cpu_batch_normalization_relu_grad},
+    differentiable=False,
+)
+def BatchNormalizationReluGrad(dZ, Z, X, scale, dMean=None, dVar=None, *, epsilon=1e-5):
+    """:func:`BatchNormalizationGrad` of ``ReluGrad(dZ, Z)``: the gradient through a
+    fused :func:`BatchNormalizationRelu` with output ``Z``; returns ``(dX, dscale, dB)``.
+
+    Example:
+        >>> x = np.array([[-1.0], [1.0]], np.float32); one = np.ones(1, np.float32)
+        >>> z = np.array([[0.0], [1.0]], np.float32)
+        >>> BatchNormalizationReluGrad(one.reshape(1, 1) + 0 * x, z, x, one)[2]
+        array([1.], dtype=float32)
+    """
+    dy = None if dZ is None else np.where(Z > 0, dZ, dZ * dZ.dtype.type(0))
+    return BatchNormalizationGrad(dy, X, scale, dMean, dVar, epsilon=epsilon)
 
 
 # -------------------------------------------------- dfdl.InstanceNormalizationGrad

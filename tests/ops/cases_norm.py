@@ -643,3 +643,69 @@ CASES += (
     + _IN_GRAD
     + _DROPOUT_GRAD
 )
+
+
+def _bn_relu_ref(epsilon=1e-5, momentum=0.9):
+    """Independent of dfdl: the normalization written out, then max(., 0)."""
+
+    def ref(X, scale, B, input_mean, input_var):
+        axes = (0, *range(2, X.ndim))
+        y, mean, var = _cs_batch_norm(X.astype(F64), scale, B, epsilon, axes)
+        running = [input_mean * momentum + mean * (1 - momentum), input_var * momentum]
+        running[1] = running[1] + var * (1 - momentum)
+        return [np.maximum(y, 0).astype(X.dtype), *(r.astype(scale.dtype) for r in running)]
+
+    return ref
+
+
+def _bn_relu_grad_ref(epsilon=1e-5):
+    grad = _bn_grad_ref(epsilon)
+
+    def ref(dZ, Z, X, scale, dMean=None, dVar=None):
+        return grad(np.where(Z > 0, dZ, 0), X, scale, dMean, dVar)
+
+    return ref
+
+
+def _relu_of_bn(*shape, dtype=F32):
+    """A (dZ, Z) pair where Z has zeros (Relu's cut) and positive values."""
+    z = np.maximum(rand(*shape, dtype=dtype, seed=8), 0).astype(dtype)
+    return [rand(*shape, dtype=dtype, seed=9), z]
+
+
+_BN_RELU = [
+    OpCase(
+        "BatchNormalizationRelu",
+        _bn_inputs(5, 7, 3, 4),
+        n_outputs=3,
+        domain="dfdl",
+        reference=_bn_relu_ref(),
+        id="f32_4d",
+        **_tol(F32),
+    ),
+    OpCase(
+        "BatchNormalizationRelu",
+        _bn_inputs(5, 7, 6, dtype=F64),
+        attrs={"momentum": 0.7, "epsilon": 1e-3},
+        n_outputs=3,
+        domain="dfdl",
+        reference=_bn_relu_ref(1e-3, 0.7),
+        id="f64_3d_momentum",
+        **_tol(F64),
+    ),
+] + [
+    # the BatchNormalizationGrad cases, with dY replaced by a Relu's (dZ, Z)
+    OpCase(
+        "BatchNormalizationReluGrad",
+        [*_relu_of_bn(*c.inputs[0].shape, dtype=c.inputs[0].dtype), *c.inputs[1:]],
+        attrs=c.attrs,
+        n_outputs=3,
+        domain="dfdl",
+        reference=_bn_relu_grad_ref(c.attrs.get("epsilon", 1e-5)),
+        id=c.id,
+        **_tol(c.inputs[0].dtype.type),
+    )
+    for c in _BN_GRAD
+]
+
+CASES += _BN_RELU

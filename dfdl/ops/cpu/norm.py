@@ -23,14 +23,17 @@ def _f64(p) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _affine_nc(x, mean, var, scale, bias, eps, y):
-    """y[n, c, :] = scale[c] * (x[n, c, :] - mean[c]) / sqrt(var[c] + eps) + bias[c]."""
+def _affine_nc(x, mean, var, scale, bias, eps, y, relu):
+    """y[n, c, :] = scale[c] * (x[n, c, :] - mean[c]) / sqrt(var[c] + eps) + bias[c],
+    then (``relu``) 0 where that rounded value is negative, as the Relu kernel does."""
     N, C, S = x.shape
     for c in range(C):
         a = scale[c] / math.sqrt(var[c] + eps)
         for n in range(N):
             for s in range(S):
                 y[n, c, s] = (x[n, c, s] - mean[c]) * a + bias[c]
+                if relu and y[n, c, s] < 0:
+                    y[n, c, s] = 0.0
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -124,18 +127,35 @@ def cpu_batch_normalization(
             momentum=momentum,
             training_mode=training_mode,
         )
+    return _batch_norm(X, scale, B, input_mean, input_var, epsilon, momentum, training_mode)
+
+
+def cpu_batch_normalization_relu(X, scale, B, input_mean, input_var, *, epsilon=1e-5, momentum=0.9):
+    """dfdl.BatchNormalizationRelu: the training-mode BatchNormalization kernel with the
+    Relu applied as each value is written (one pass instead of two)."""
+    if X.dtype not in _FLOATS or X.ndim < 2:
+        from dfdl.ops.norm import BatchNormalizationRelu
+
+        return BatchNormalizationRelu(
+            X, scale, B, input_mean, input_var, epsilon=epsilon, momentum=momentum
+        )
+    return _batch_norm(X, scale, B, input_mean, input_var, epsilon, momentum, 1, relu=True)
+
+
+def _batch_norm(X, scale, B, input_mean, input_var, epsilon, momentum, training_mode, relu=False):
+    """The BatchNormalization kernels' shared body (Relu on the output with ``relu``)."""
     x = _as_nc_s(X)
     C = x.shape[1]
     y = np.empty_like(x)
     if not training_mode:
         mean, var = _f64(input_mean), _f64(input_var)
-        _affine_nc(x, mean, var, _f64(scale), _f64(B), float(epsilon), y)
+        _affine_nc(x, mean, var, _f64(scale), _f64(B), float(epsilon), y, relu)
         return y.reshape(X.shape)
     mean, var = np.empty(C), np.empty(C)
     _channel_stats(x, mean, var)
     # the forward's batch statistics have X's dtype; round alike
     mean, var = mean.astype(X.dtype), var.astype(X.dtype)
-    _affine_nc(x, _f64(mean), _f64(var), _f64(scale), _f64(B), float(epsilon), y)
+    _affine_nc(x, _f64(mean), _f64(var), _f64(scale), _f64(B), float(epsilon), y, relu)
     running_mean = input_mean * momentum + mean * (1 - momentum)
     running_var = input_var * momentum + var * (1 - momentum)
     return (
@@ -190,8 +210,10 @@ def cpu_layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_ty
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _bn_grad_nc(x, dy, scale, dmean, dvar, eps, dx, dscale, dbias):
-    """Training-mode batch-norm backward on (N, C, S); per-channel sums into dscale/dbias."""
+def _bn_grad_nc(x, dy, z, masked, scale, dmean, dvar, eps, dx, dscale, dbias):
+    """Training-mode batch-norm backward on (N, C, S); per-channel sums into dscale/dbias.
+    With ``masked``, dY is first zeroed where the Relu output ``z`` is not positive (as
+    ``dY * 0``, the ReluGrad kernel's arithmetic)."""
     N, C, S = x.shape
     cnt = N * S
     for c in range(C):
@@ -211,6 +233,8 @@ def _bn_grad_nc(x, dy, scale, dmean, dvar, eps, dx, dscale, dbias):
         for n in range(N):
             for s in range(S):
                 g = dy[n, c, s]
+                if masked and not z[n, c, s] > 0:
+                    g = g * 0
                 sdy += g
                 sdyx += g * (x[n, c, s] - m) * inv
         dscale[c] = sdyx
@@ -223,8 +247,11 @@ def _bn_grad_nc(x, dy, scale, dmean, dvar, eps, dx, dscale, dbias):
         cv = dvar[c] * 2.0 / cnt
         for n in range(N):
             for s in range(S):
+                g = dy[n, c, s]
+                if masked and not z[n, c, s] > 0:
+                    g = g * 0
                 xc = x[n, c, s] - m
-                dx[n, c, s] = a * (dy[n, c, s] - mb - xc * inv * mx) + cm + cv * xc
+                dx[n, c, s] = a * (g - mb - xc * inv * mx) + cm + cv * xc
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -301,13 +328,29 @@ def cpu_batch_normalization_grad(dY, X, scale, dMean=None, dVar=None, *, epsilon
         from dfdl.ops.norm import BatchNormalizationGrad
 
         return BatchNormalizationGrad(dY, X, scale, dMean, dVar, epsilon=epsilon)
+    return _batch_norm_grad(dY, None, X, scale, dMean, dVar, epsilon)
+
+
+def cpu_batch_normalization_relu_grad(dZ, Z, X, scale, dMean=None, dVar=None, *, epsilon=1e-5):
+    """dfdl.BatchNormalizationReluGrad: the BatchNormalizationGrad kernel reading the
+    Relu's gradient mask from its output ``Z`` as it goes (no ReluGrad pass)."""
+    if X.dtype not in _FLOATS or dZ is None or Z.dtype != dZ.dtype:
+        from dfdl.ops.norm import BatchNormalizationReluGrad
+
+        return BatchNormalizationReluGrad(dZ, Z, X, scale, dMean, dVar, epsilon=epsilon)
+    return _batch_norm_grad(dZ, Z, X, scale, dMean, dVar, epsilon)
+
+
+def _batch_norm_grad(dY, Z, X, scale, dMean, dVar, epsilon):
     x = _as_nc_s(X)
     C = x.shape[1]
     dx = np.empty_like(x)
     ds, db = np.empty(C), np.empty(C)
     dm = np.zeros(C) if dMean is None else _f64(dMean)
     dv = np.zeros(C) if dVar is None else _f64(dVar)
-    _bn_grad_nc(x, _as_nc_s(dY), _f64(scale), dm, dv, float(epsilon), dx, ds, db)
+    dy = _as_nc_s(dY)
+    z = dy if Z is None else _as_nc_s(Z)  # unread without the mask
+    _bn_grad_nc(x, dy, z, Z is not None, _f64(scale), dm, dv, float(epsilon), dx, ds, db)
     return dx.reshape(X.shape), ds.astype(scale.dtype), db.astype(scale.dtype)
 
 
