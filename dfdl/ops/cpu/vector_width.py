@@ -9,6 +9,9 @@ with them on this machine's Xeon, while the memory-bound kernels did not change.
 per-function ``prefer-vector-width`` attribute on it, so only that kernel changes; on a
 CPU without AVX-512 LLVM keeps the widest legal vectors and the call does nothing.
 
+numba's cache keys a kernel on its own source file: a change here does not recompile
+kernels cached with ``cache=True`` elsewhere (clear their ``__pycache__`` ``*.nbi``).
+
 Example:
     >>> @numba.njit
     ... def axpy(a, x, y):
