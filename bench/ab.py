@@ -1,0 +1,117 @@
+"""A/B benchmark of one switch inside one cluster: alternating rounds of ``dfdl.train``
+with an attribute set to value A, then B, then B, then A, ...
+
+Across separate benchmark runs the same code's step time varies by about ±5% on a small
+machine, which hides most single changes. Here both arms share the embedded cluster,
+the data and the warm caches, and alternate round by round, so slow drift hits both.
+The attribute (a module global or a class attribute, such as a kernel's threshold or a
+method) is set in the benchmark's process and on every worker before each round.
+
+Step time is measured as in ``bench/run.py`` (the task stream's span over the steps
+after the first, divided by their number); ``busy`` is the workers' task thread-seconds
+per step. Prints each arm's median step, busy time, per-round steps and last loss (the
+two arms' losses should agree when the switch does not change the math).
+
+Examples:
+    python bench/ab.py unet3d dfdl.ops.cpu.conv_direct.MIN_CHANNELS --b "10**9"
+    python bench/ab.py resnet dfdl.graph.training.TrainingGraph.fuse_batch_norm_relu \\
+        --b "lambda self: self" --steps 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from run import FULL, _dfdl_optimizer, _step_span, make_data  # noqa: E402
+
+
+def resolve(path: str):
+    """``(owner, name)`` of a dotted attribute path: the longest importable module
+    prefix, then attributes."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for p in parts[i:-1]:
+            owner = getattr(owner, p)
+        return owner, parts[-1]
+    raise SystemExit(f"cannot import a module from {path!r}")
+
+
+def setter(path: str, expr: str | None):
+    """A function that sets ``path`` to ``eval(expr)``, or (None) back to the value it
+    had before the first such call in the process that runs it."""
+
+    def run():
+        owner, name = resolve(path)
+        keep = f"_ab_original_{name}"
+        if not hasattr(owner, keep):
+            setattr(owner, keep, getattr(owner, name))
+        value = getattr(owner, keep) if expr is None else eval(expr)  # noqa: S307
+        setattr(owner, name, value)
+
+    return run
+
+
+def main() -> None:
+    from distributed import Client, get_task_stream
+
+    import dfdl
+    from dfdl.models import ZOO
+    from dfdl.scheduler.cluster import local_cluster
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", choices=sorted(FULL))
+    parser.add_argument("attribute", help="dotted path, e.g. dfdl.ops.cpu.conv_direct.MIN_CHANNELS")
+    parser.add_argument("--a", default=None, help="expression for arm A (default: unchanged)")
+    parser.add_argument("--b", required=True, help="expression for arm B")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per arm")
+    args = parser.parse_args()
+
+    kw, batch, kind, okw, _ = FULL[args.workload]
+    model = ZOO[args.workload](**kw)
+    x, y = make_data(args.workload, kw, batch * (args.steps + 2))
+    with local_cluster() as cluster, Client(cluster) as client:
+
+        def one_round(steps: int) -> tuple[float, float, float]:
+            with get_task_stream(client) as ts:
+                result = dfdl.train(
+                    model,
+                    (x, y),
+                    optimizer=_dfdl_optimizer(kind, okw),
+                    batch_size=batch,
+                    steps=steps,
+                    shuffle=False,
+                    client=client,
+                    progress=False,
+                )
+            span, busy = _step_span(ts.data, 1, steps - 1)
+            return span / (steps - 1), busy / (steps - 1), result.history["loss"][-1]
+
+        one_round(2)  # warm the caches of both processes
+        results: dict[str, list] = {"A": [], "B": []}
+        for r in range(args.rounds):
+            for arm in ("A", "B") if r % 2 == 0 else ("B", "A"):
+                set_arm = setter(args.attribute, args.a if arm == "A" else args.b)
+                client.run(set_arm)
+                set_arm()
+                results[arm].append(one_round(1 + args.steps))
+    for arm, rows in results.items():
+        step = statistics.median(r[0] for r in rows)
+        busy = statistics.median(r[1] for r in rows)
+        rounds = ", ".join(f"{r[0]:.3f}" for r in rows)
+        print(f"{args.workload} {arm}: median step {step:.3f} s, busy {busy:.3f} thread-s, "
+              f"rounds [{rounds}], last loss {rows[-1][2]!r}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
