@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import FULL, _dfdl_optimizer, _step_span, make_data  # noqa: E402
+from run import FULL, _step_span, make_data, train_streamed  # noqa: E402
 
 
 def resolve(path: str):
@@ -62,9 +62,8 @@ def setter(path: str, expr: str | None):
 
 
 def main() -> None:
-    from distributed import Client, get_task_stream
+    from distributed import Client
 
-    import dfdl
     from dfdl.models import ZOO
     from dfdl.scheduler.cluster import local_cluster
 
@@ -83,18 +82,8 @@ def main() -> None:
     with local_cluster() as cluster, Client(cluster) as client:
 
         def one_round(steps: int) -> tuple[float, float, float]:
-            with get_task_stream(client) as ts:
-                result = dfdl.train(
-                    model,
-                    (x, y),
-                    optimizer=_dfdl_optimizer(kind, okw),
-                    batch_size=batch,
-                    steps=steps,
-                    shuffle=False,
-                    client=client,
-                    progress=False,
-                )
-            span, busy = _step_span(ts.data, 1, steps - 1)
+            result, records = train_streamed(client, model, x, y, batch, kind, okw, steps)
+            span, busy = _step_span(records, 1, steps - 1)
             return span / (steps - 1), busy / (steps - 1), result.history["loss"][-1]
 
         one_round(2)  # warm the caches of both processes

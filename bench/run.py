@@ -286,6 +286,25 @@ def make_data(name: str, kw: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def train_streamed(client, model, x, y, batch: int, kind: str, okw: dict, steps: int):
+    """One ``steps``-step ``dfdl.train`` call on ``client`` under Dask's task stream, as
+    every dfdl measurement here runs it; returns ``(TrainResult, task-stream records)``."""
+    from distributed import get_task_stream
+
+    with get_task_stream(client) as ts:
+        result = dfdl.train(
+            model,
+            (x, y),
+            optimizer=_dfdl_optimizer(kind, okw),
+            batch_size=batch,
+            steps=steps,
+            shuffle=False,
+            client=client,
+            progress=False,
+        )
+    return result, ts.data
+
+
 def _dfdl_optimizer(kind: str, okw: dict):
     return {"sgd": dfdl.optim.SGD, "adam": dfdl.optim.Adam, "adamw": dfdl.optim.AdamW}[kind](**okw)
 
@@ -329,23 +348,11 @@ def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client)
     profiles: list[dict] = []
 
     def dfdl_time(k: int) -> tuple[float, dict]:
-        from distributed import get_task_stream
-
         t0 = time.perf_counter()
-        with get_task_stream(client) as ts:
-            res = dfdl.train(
-                model,
-                (x, y),
-                optimizer=_dfdl_optimizer(kind, okw),
-                batch_size=batch,
-                steps=k,
-                shuffle=False,
-                client=client,
-                progress=False,
-            )
+        res, records = train_streamed(client, model, x, y, batch, kind, okw, k)
         wall = time.perf_counter() - t0
-        profiles.append(_by_op(ts.data, op_of))
-        return wall, {**_stream_seconds(ts.data), **res.timings, "records": ts.data}
+        profiles.append(_by_op(records, op_of))
+        return wall, {**_stream_seconds(records), **res.timings, "records": records}
 
     torch_step = _torch_stepper(name, kw, model, kind, okw, x, y, batch)
     dfdl_steps: list[float] = []

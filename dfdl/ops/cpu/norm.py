@@ -209,6 +209,13 @@ def cpu_layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_ty
 # ----------------------------------------------------------------- backward kernels
 
 
+@numba.njit(inline="always")
+def _relu_masked(g, z, masked):
+    """``g``, or (``masked`` and the Relu output ``z`` not positive) ``g * 0``: the
+    ReluGrad kernel's arithmetic."""
+    return g * 0 if masked and not z > 0 else g
+
+
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _bn_grad_nc(x, dy, z, masked, scale, dmean, dvar, eps, dx, dscale, dbias):
     """Training-mode batch-norm backward on (N, C, S); per-channel sums into dscale/dbias.
@@ -232,9 +239,7 @@ def _bn_grad_nc(x, dy, z, masked, scale, dmean, dvar, eps, dx, dscale, dbias):
         sdyx = 0.0
         for n in range(N):
             for s in range(S):
-                g = dy[n, c, s]
-                if masked and not z[n, c, s] > 0:
-                    g = g * 0
+                g = _relu_masked(dy[n, c, s], z[n, c, s], masked)
                 sdy += g
                 sdyx += g * (x[n, c, s] - m) * inv
         dscale[c] = sdyx
@@ -247,9 +252,7 @@ def _bn_grad_nc(x, dy, z, masked, scale, dmean, dvar, eps, dx, dscale, dbias):
         cv = dvar[c] * 2.0 / cnt
         for n in range(N):
             for s in range(S):
-                g = dy[n, c, s]
-                if masked and not z[n, c, s] > 0:
-                    g = g * 0
+                g = _relu_masked(dy[n, c, s], z[n, c, s], masked)
                 xc = x[n, c, s] - m
                 dx[n, c, s] = a * (g - mb - xc * inv * mx) + cm + cv * xc
 
