@@ -25,35 +25,51 @@ def _f64(p) -> np.ndarray:
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _affine_nc(x, mean, var, scale, bias, eps, y, relu):
     """y[n, c, :] = scale[c] * (x[n, c, :] - mean[c]) / sqrt(var[c] + eps) + bias[c],
-    then (``relu``) 0 where that rounded value is negative, as the Relu kernel does."""
+    then (``relu``) 0 where that rounded value is negative, as the Relu kernel does.
+
+    Computed as ``x * a + b`` in x's dtype with ``a`` and ``b`` per channel, as
+    PyTorch's CPU kernel does: one multiply-add per value instead of float64 math (the
+    pass is bound by memory, and float64 halves its vectors)."""
     N, C, S = x.shape
+    ab = np.empty(2, y.dtype)  # the coefficients in y's dtype
     for c in range(C):
         a = scale[c] / math.sqrt(var[c] + eps)
+        ab[0] = a
+        ab[1] = bias[c] - mean[c] * a
+        a_, b_ = ab[0], ab[1]
         for n in range(N):
             for s in range(S):
-                y[n, c, s] = (x[n, c, s] - mean[c]) * a + bias[c]
-                if relu and y[n, c, s] < 0:
-                    y[n, c, s] = 0.0
+                v = x[n, c, s] * a_ + b_
+                y[n, c, s] = 0 if relu and v < 0 else v
+
+
+@numba.njit(inline="always")
+def _shifted_sums(x, c):
+    """``(k, sum(x - k), sum((x - k)**2))`` over channel ``c`` of (N, C, S) ``x``, in
+    float64, shifted by its first value ``k`` (no cancellation for large means)."""
+    N, _, S = x.shape
+    k = np.float64(x[0, c, 0])
+    s1 = 0.0
+    s2 = 0.0
+    for n in range(N):
+        for s in range(S):
+            d = x[n, c, s] - k
+            s1 += d
+            s2 += d * d
+    return k, s1, s2
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _channel_stats(x, mean, var):
-    """Per-channel mean and biased variance of x (N, C, S), two-pass in float64."""
+    """Per-channel mean and biased variance of x (N, C, S), one pass in float64 over the
+    values shifted by the channel's first value."""
     N, C, S = x.shape
     cnt = N * S
     for c in range(C):
-        s1 = 0.0
-        for n in range(N):
-            for s in range(S):
-                s1 += x[n, c, s]
-        m = s1 / cnt
-        s2 = 0.0
-        for n in range(N):
-            for s in range(S):
-                d = x[n, c, s] - m
-                s2 += d * d
-        mean[c] = m
-        var[c] = s2 / cnt
+        k, s1, s2 = _shifted_sums(x, c)
+        d = s1 / cnt
+        mean[c] = k + d
+        var[c] = max(s2 / cnt - d * d, 0.0)
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -220,41 +236,46 @@ def _relu_masked(g, z, masked):
 def _bn_grad_nc(x, dy, z, masked, scale, dmean, dvar, eps, dx, dscale, dbias):
     """Training-mode batch-norm backward on (N, C, S); per-channel sums into dscale/dbias.
     With ``masked``, dY is first zeroed where the Relu output ``z`` is not positive (as
-    ``dY * 0``, the ReluGrad kernel's arithmetic)."""
+    ``dY * 0``, the ReluGrad kernel's arithmetic).
+
+    Two passes per channel: the sums of x, x**2, dY and dY*x (float64, shifted by the
+    channel's first value), then ``dx = a*dY + b*(x - mean) + e`` in x's dtype with
+    per-channel coefficients (PyTorch's CPU scheme; 1.8x faster than four passes with
+    float64 math per value, measured on a 2 x 8 x 64^3 tile)."""
     N, C, S = x.shape
     cnt = N * S
+    coef = np.empty(4, dx.dtype)  # the coefficients in dx's dtype
     for c in range(C):
+        k = np.float64(x[0, c, 0])
         s1 = 0.0
-        for n in range(N):
-            for s in range(S):
-                s1 += x[n, c, s]
-        m = s1 / cnt
         s2 = 0.0
+        sg = 0.0
+        sgx = 0.0
         for n in range(N):
             for s in range(S):
-                d = x[n, c, s] - m
+                d = x[n, c, s] - k
+                g = _relu_masked(dy[n, c, s], z[n, c, s], masked)
+                s1 += d
                 s2 += d * d
-        inv = 1.0 / math.sqrt(s2 / cnt + eps)
-        sdy = 0.0
-        sdyx = 0.0
-        for n in range(N):
-            for s in range(S):
-                g = _relu_masked(dy[n, c, s], z[n, c, s], masked)
-                sdy += g
-                sdyx += g * (x[n, c, s] - m) * inv
+                sg += g
+                sgx += g * d
+        d = s1 / cnt
+        m = k + d
+        inv = 1.0 / math.sqrt(max(s2 / cnt - d * d, 0.0) + eps)
+        sdyx = (sgx - d * sg) * inv
         dscale[c] = sdyx
-        dbias[c] = sdy
+        dbias[c] = sg
         a = scale[c] * inv
-        mb = sdy / cnt
-        mx = sdyx / cnt
-        # through the batch mean and variance (the running statistics' gradients)
-        cm = dmean[c] / cnt
-        cv = dvar[c] * 2.0 / cnt
+        # a*(g - sg/cnt - xc*inv*sdyx/cnt) + dmean/cnt + 2*dvar/cnt*xc, xc = x - m
+        coef[0] = a
+        coef[1] = 2.0 * dvar[c] / cnt - a * inv * sdyx / cnt
+        coef[2] = dmean[c] / cnt - a * sg / cnt
+        coef[3] = m
+        ca, cb, ce, cm = coef[0], coef[1], coef[2], coef[3]
         for n in range(N):
             for s in range(S):
                 g = _relu_masked(dy[n, c, s], z[n, c, s], masked)
-                xc = x[n, c, s] - m
-                dx[n, c, s] = a * (g - mb - xc * inv * mx) + cm + cv * xc
+                dx[n, c, s] = ca * g + cb * (x[n, c, s] - cm) + ce
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
