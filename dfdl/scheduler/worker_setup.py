@@ -11,6 +11,8 @@ restarts. :func:`dfdl.LocalCluster`, the embedded cluster and
 - replaces Dask's per-worker task counter by
   :class:`dfdl.scheduler.task_counter.LazyTaskCounter` (same metrics; its cost per
   transition does not grow with the hundreds of task prefixes of a training step);
+- caps the kernels' per-thread scratch memory to a share of the worker's memory limit
+  (:func:`dfdl.ops.cpu.scratch.fit_to_worker`);
 - leaves Dask's "Pausing worker" / "Resuming worker" warnings out of the log when the
   worker pauses at its spill line (:func:`dfdl.scheduler.cluster.pause_at_spill`).
   There, pausing is how a worker that spills keeps a task from starting above the line
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import logging
 
+from dfdl.ops.cpu import scratch
 from dfdl.scheduler import task_counter
 from dfdl.scheduler.heap import HeapTrimmer
 
@@ -75,5 +78,7 @@ async def dask_setup(worker) -> None:
     if not hasattr(worker, "plugin_add"):  # a nanny or a scheduler
         return
     quiet_routine_pauses(worker)
+    manager = getattr(worker, "memory_manager", None)
+    scratch.fit_to_worker(getattr(manager, "memory_limit", None), worker.state.nthreads)
     task_counter.install(worker)
     await worker.plugin_add(plugin=HeapTrimmer(), name=HeapTrimmer.name)

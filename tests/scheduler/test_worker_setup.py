@@ -69,3 +69,21 @@ def test_workers_pausing_above_the_spill_line_keep_dasks_warnings():
     ):
         (setup,) = client.run(_setup).values()
         assert setup == (True, True, True)
+
+
+def _scratch_cap() -> int:
+    from dfdl.ops.cpu import scratch
+
+    return scratch.MAX_BYTES
+
+
+def test_scratch_memory_fits_the_worker_memory_limit():
+    """A 256 MiB worker with 2 threads keeps at most 1/32 of its limit as scratch: 2
+    MiB per buffer (2 threads x 2 names); the large grids of a convolution are then
+    fresh arrays, as they were before scratch memory."""
+    with (
+        dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="256MiB") as cluster,
+        Client(cluster) as client,
+    ):
+        (cap,) = client.run(_scratch_cap).values()
+    assert cap == 256 * 2**20 // 32 // 4

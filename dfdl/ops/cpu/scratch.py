@@ -11,7 +11,11 @@ same pages.
 
 The contents are whatever the last call left: a caller writes every value it reads.
 Buffers over :data:`MAX_BYTES` are not kept (a plain ``np.empty``), so the memory that
-Dask's accounting does not see stays below ``MAX_BYTES`` per name and worker thread.
+Dask's accounting of tiles does not see stays below ``MAX_BYTES`` per name and worker
+thread. dfdl's worker preload lowers ``MAX_BYTES`` with :func:`fit_to_worker` so that
+all of a worker's scratch stays within :data:`WORKER_SHARE` of its memory limit (a
+1 GiB worker with 2 threads keeps buffers of up to 8 MiB: none of a 3-D U-Net's large
+grids).
 
 Example:
     >>> a = scratch("example", (4, 8), np.float32)
@@ -29,6 +33,10 @@ import numpy as np
 
 #: largest scratch buffer kept per name and thread
 MAX_BYTES = 64 * 2**20
+#: share of a worker's memory limit that the scratch of all its threads may hold
+WORKER_SHARE = 1 / 32
+#: scratch names a worker thread may keep (the direct convolutions' grid and dY)
+NAMES = 2
 
 _local = threading.local()
 
@@ -54,3 +62,28 @@ def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
     # 64-byte aligned view: the kernels' vectors do not split cache lines at its start
     start = -buf.ctypes.data % 64
     return buf[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def worker_cap(memory_limit: int | None, threads: int) -> int:
+    """The :data:`MAX_BYTES` that keeps ``threads`` threads' buffers of :data:`NAMES`
+    names within :data:`WORKER_SHARE` of ``memory_limit`` (never above the current one).
+
+    Example:
+        >>> worker_cap(256 * 2**20, 2) // 2**20
+        2
+    """
+    if not memory_limit:
+        return MAX_BYTES
+    return min(MAX_BYTES, int(memory_limit * WORKER_SHARE) // (max(1, threads) * NAMES))
+
+
+def fit_to_worker(memory_limit: int | None, threads: int) -> int:
+    """Set :data:`MAX_BYTES` in this process to :func:`worker_cap`; returns it.
+
+    Example:
+        >>> fit_to_worker(None, 2) == MAX_BYTES
+        True
+    """
+    global MAX_BYTES
+    MAX_BYTES = worker_cap(memory_limit, threads)
+    return MAX_BYTES

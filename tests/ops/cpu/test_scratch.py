@@ -40,3 +40,11 @@ def test_above_the_cap_is_a_fresh_array(monkeypatch):
     a = sc.scratch("t.cap", (1024,), np.float32)
     b = sc.scratch("t.cap", (1024,), np.float32)
     assert not np.shares_memory(a, b)
+
+
+def test_fit_to_worker_only_lowers_the_cap(monkeypatch):
+    monkeypatch.setattr(sc, "MAX_BYTES", 64 * 2**20)
+    assert sc.fit_to_worker(None, 2) == 64 * 2**20
+    assert sc.fit_to_worker(64 * 2**30, 2) == 64 * 2**20  # a large worker: unchanged
+    assert sc.fit_to_worker(512 * 2**20, 2) == 512 * 2**20 // 32 // 4
+    assert sc.fit_to_worker(64 * 2**30, 2) == 512 * 2**20 // 32 // 4  # never raised
