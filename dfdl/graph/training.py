@@ -122,6 +122,19 @@ class TrainingGraph:
         fuse_batch_norm_relu(graph)
         return dataclasses.replace(self, graph=graph)
 
+    def group_small_updates(self, max_total: int | None = None) -> TrainingGraph:
+        """A copy whose small parameters' optimizer updates run as grouped nodes of at
+        most ``max_total`` parameter bytes (:mod:`dfdl.graph.group_updates`).
+
+        Example:
+            >>> tg.group_small_updates().plan()  # doctest: +SKIP
+        """
+        from dfdl.graph.group_updates import GROUP_TOTAL_BYTES, group_small_updates
+
+        graph = self.graph.copy()
+        group_small_updates(graph, max_total=max_total or GROUP_TOTAL_BYTES)
+        return dataclasses.replace(self, graph=graph)
+
     def seeds(self, seed: int, step: int) -> dict[str, dict[str, int]]:
         """Per-node attribute overrides of one step: every Dropout's seed (a clone
         rebuilding a Dropout draws the original's mask)."""
@@ -171,6 +184,35 @@ def _refined_for_norms(plan) -> bool:
 def plan_training(
     tg: TrainingGraph, tiles=None, *, cores: int = 1, memory_limit: int | None = None
 ) -> tuple[TrainingGraph, object]:
+    """The plan of :func:`plan_norms` (tiling, and whether BatchNormalizations split),
+    decided on ``tg``, for the graph with small parameters' updates grouped
+    (:mod:`dfdl.graph.group_updates`) in groups of at most 1/64 of the memory limit (a
+    group's task holds about ten times its parameters' bytes, within the task budget of
+    about a quarter of the limit); ``tg``'s own plan where a group still does not fit.
+    The decisions are taken on the ungrouped graph because a group is one whole task:
+    it changes the task counts they compare, not the tiles anything else needs.
+
+    Example:
+        >>> tg, plan = plan_training(tg, memory_limit=2**28)  # doctest: +SKIP
+    """
+    from dfdl.errors import MemoryPlanError
+
+    planned = plan_norms(tg, tiles, cores=cores, memory_limit=memory_limit)
+    grouped = tg.group_small_updates(None if memory_limit is None else int(memory_limit) // 64)
+    if len(grouped.graph.nodes) == len(tg.graph.nodes):
+        return planned
+    try:
+        return plan_norms(grouped, planned[1].tiles, cores=cores, memory_limit=memory_limit)
+    except MemoryPlanError as e:
+        node = next((n for n in grouped.graph.nodes if n.name == e.node), None)
+        if node is None or node.op_type != "UpdateGroup":
+            raise
+    return planned
+
+
+def plan_norms(
+    tg: TrainingGraph, tiles=None, *, cores: int = 1, memory_limit: int | None = None
+) -> tuple[TrainingGraph, object]:
     """``(tg, tg.plan(...))`` with each BatchNormalization -> Relu pair fused
     (:mod:`dfdl.graph.fuse_norm_relu`), or the training graph with split BatchNormalizations
     (:mod:`dfdl.graph.split_norm`) and its plan: when ``tiles`` has ``"split_norms": 1``,
@@ -181,7 +223,7 @@ def plan_training(
     ``tiles`` then carry ``"split_norms": 1``, so passing them back repeats the graph.
 
     Example:
-        >>> tg, plan = plan_training(tg, memory_limit=2**28)  # doctest: +SKIP
+        >>> tg, plan = plan_norms(tg, memory_limit=2**28)  # doctest: +SKIP
     """
     from dfdl.errors import MemoryPlanError, PlanError
     from dfdl.graph.split_norm import splittable

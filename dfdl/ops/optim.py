@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from dfdl.errors import ShapeError, UnsupportedOpError
-from dfdl.ops.common import elementwise_tile
+from dfdl.ops.common import elementwise_tile, whole_tile
 from dfdl.ops.cpu import optim as cpu
 from dfdl.ops.registry import DFDL_DOMAIN, TensorType, register
 
@@ -177,3 +177,83 @@ def AdamUpdate(
     denom = np.sqrt(v) / dt(bias_correction2_sqrt) + dt(eps)
     new = p + (-dt(step_size)) * m / denom
     return new, m, v
+
+
+# ------------------------------------------------------------------------- UpdateGroup
+
+#: the update ops a group may hold, and the input positions of their per-step scalars
+#: (shared by every parameter of an optimizer step)
+GROUPABLE = {"SGDUpdate": (2, 4), "AdamUpdate": (4, 5, 6)}
+
+
+def _members(inputs, update: str, layout, arity: int, n_shared: int) -> list[list]:
+    """The member updates' input lists: ``layout[i]`` >= 0 is the member's tensor input
+    of that index, < 0 the shared input ``-1 - layout[i]``."""
+    if update not in GROUPABLE:
+        raise UnsupportedOpError(
+            f"UpdateGroup: cannot group {update!r} (groupable: {sorted(GROUPABLE)})",
+            op_type="UpdateGroup",
+            domain=DFDL_DOMAIN,
+        )
+    inputs = list(inputs)
+    shared, tensors = inputs[:n_shared], inputs[n_shared:]
+    if arity < 1 or not tensors or len(tensors) % arity:
+        raise ShapeError(f"UpdateGroup: {len(tensors)} tensor inputs for members of {arity}")
+    return [
+        [tensors[k + i] if i >= 0 else shared[-1 - i] for i in layout]
+        for k in range(0, len(tensors), arity)
+    ]
+
+
+def _group_shape(inputs, consts, *, update, layout, arity, n_shared, **attrs):
+    from dfdl.ops.registry import lookup
+
+    rule = lookup(update, DFDL_DOMAIN).shape if update in GROUPABLE else None
+    out = []
+    for ins, cs in zip(
+        _members(inputs, update, layout, arity, n_shared),
+        _members(consts, update, layout, arity, n_shared),
+    ):
+        out += rule(ins, cs, **attrs)
+    return out
+
+
+def run_group(kernel_of, inputs, update, layout, arity, n_shared, attrs) -> tuple:
+    """Run each member update with ``kernel_of(update)``; their outputs, in order."""
+    fn = kernel_of(update)
+    out: list = []
+    for ins in _members(inputs, update, layout, arity, n_shared):
+        r = fn(*ins, **attrs)
+        out += list(r) if isinstance(r, tuple) else [r]
+    return tuple(out)
+
+
+@register(
+    "UpdateGroup",
+    domain=DFDL_DOMAIN,
+    shape=_group_shape,
+    tile=whole_tile,
+    kernels={"cpu": cpu.update_group},
+    differentiable=False,
+)
+def UpdateGroup(*inputs, update, layout, arity, n_shared, **attrs):
+    """Several parameters' ``update`` ops (``SGDUpdate``/``AdamUpdate``) in one node.
+
+    Inputs are the ``n_shared`` per-step scalars, then each member's ``arity`` tensor
+    inputs; ``layout`` places them in the member op's input order. Outputs are the
+    members' outputs, member by member; ``attrs`` are the member op's. One node (one
+    task per step) instead of one per small parameter: a task costs the embedded
+    cluster a scheduler round trip, and a network's biases and normalization scales are
+    dozens of tasks of a few microseconds each (:mod:`dfdl.graph.group_updates`).
+
+    Example:
+        >>> p = np.ones(2, np.float32); g = np.full(2, 0.5, np.float32)
+        >>> UpdateGroup(np.float32(0.1), p, g, p, g, update="SGDUpdate",
+        ...             layout=[0, 1, -1], arity=2, n_shared=1)[1]
+        array([0.95, 0.95], dtype=float32)
+    """
+    return run_group(_member_forward, inputs, update, layout, arity, n_shared, attrs)
+
+
+def _member_forward(update: str):
+    return {"SGDUpdate": SGDUpdate, "AdamUpdate": AdamUpdate}[update]

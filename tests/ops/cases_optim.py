@@ -1,4 +1,5 @@
-"""Cases for the fused optimizer updates ``dfdl.SGDUpdate`` and ``dfdl.AdamUpdate``.
+"""Cases for the fused optimizer updates ``dfdl.SGDUpdate`` and ``dfdl.AdamUpdate``, and
+for ``dfdl.UpdateGroup`` of several of them.
 
 The references are the textbook update formulas evaluated in float64 (independent of
 the ops' torch-ordered float32 arithmetic); test_optim.py checks the ops against
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dfdl.ops.optim import GROUPABLE
 from tests.ops.case import OpCase, rand
 
 
@@ -84,6 +86,42 @@ def _adam(shape, dtype, attrs, *, decay=None, id, scalar_dtype=np.float32):
     )
 
 
+def _group(members: list[OpCase], *, id) -> OpCase:
+    """``dfdl.UpdateGroup`` of member cases with one op, attributes and scalar values:
+    the shared scalars are the first member's; the reference is the members'."""
+    first = members[0]
+    n = len(first.inputs)
+    shared_at = [i for i in GROUPABLE[first.op] if i < n]
+    layout, arity = [], 0
+    for i in range(n):
+        if i in shared_at:
+            layout.append(-1 - shared_at.index(i))
+        else:
+            layout.append(arity)
+            arity += 1
+    inputs = [first.inputs[i] for i in shared_at]
+    for m in members:
+        inputs += [m.inputs[i] for i in range(n) if i not in shared_at]
+
+    def reference(*_):
+        return [o for m in members for o in m.reference(*m.inputs)]
+
+    attrs = {**first.attrs, "update": first.op, "layout": layout, "arity": arity}
+    return OpCase(
+        "UpdateGroup",
+        inputs,
+        {**attrs, "n_shared": len(shared_at)},
+        n_outputs=sum(m.n_outputs for m in members),
+        domain="dfdl",
+        reference=reference,
+        id=id,
+        rtol=max(m.rtol for m in members),
+        atol=max(m.atol for m in members),
+    )
+
+
+_MOMENTUM = {"momentum": 0.9, "dampening": 0.2, "weight_decay": 0.01}
+
 CASES = [
     _sgd((5, 7), np.float32, {}, id="plain"),
     _sgd((5, 7), np.float32, {"weight_decay": 0.01}, id="weight_decay"),
@@ -113,4 +151,23 @@ CASES = [
     ),
     _adam((6,), np.float32, {"beta1": 0.3, "beta2": 0.9}, decay=0.99, id="adamw_small_beta1"),
     _adam((), np.float32, {}, decay=0.999, id="adamw_scalar_param"),
+    _group(
+        [_sgd((5, 7), np.float32, {}, id="a"), _sgd((3,), np.float32, {}, id="b")],
+        id="group_sgd",
+    ),
+    _group(
+        [
+            _sgd((5, 7), np.float32, _MOMENTUM, first=0.0, id="a"),
+            _sgd((4, 2, 3), np.float32, _MOMENTUM, first=0.0, id="b"),
+        ],
+        id="group_sgd_momentum",
+    ),
+    _group(
+        [
+            _adam((5, 7), np.float32, {}, decay=0.99, id="a"),
+            _adam((6,), np.float32, {}, decay=0.99, id="b"),
+            _adam((), np.float32, {}, decay=0.99, id="c"),
+        ],
+        id="group_adamw",
+    ),
 ]

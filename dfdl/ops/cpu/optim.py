@@ -191,3 +191,22 @@ def adam_update(
         -dt(step_size),
     )
     return tuple(o.reshape(param.shape) for o in outs)
+
+
+def update_group(*inputs, update, layout, arity, n_shared, **attrs):
+    """numba version of :func:`dfdl.ops.optim.UpdateGroup`: each member runs its update
+    op's CPU kernel (same results as the members' own tasks, bit for bit).
+
+    Example:
+        >>> p = np.ones(2, np.float32); g = np.full(2, 0.5, np.float32)
+        >>> update_group(np.float32(0.1), p, g, update="SGDUpdate", layout=[0, 1, -1],
+        ...              arity=2, n_shared=1)[0]
+        array([0.95, 0.95], dtype=float32)
+    """
+    from dfdl.ops import optim
+    from dfdl.ops.registry import DFDL_DOMAIN, lookup
+
+    def kernel(name: str):
+        return lookup(name, DFDL_DOMAIN).kernel("cpu")
+
+    return optim.run_group(kernel, inputs, update, layout, arity, n_shared, attrs)

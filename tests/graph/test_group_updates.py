@@ -1,0 +1,90 @@
+"""Grouped optimizer updates (dfdl.graph.group_updates): which updates join a group, the
+grouped training step's numbers are bit for bit the ungrouped step's, and the graph
+keeps every new parameter and state name."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from dfdl.graph import group_updates
+from dfdl.graph.training import TrainingGraph, plan_training
+
+from .test_recompute import _run, _training
+
+
+def _ops(tg) -> Counter:
+    return Counter(n.op_type for n in tg.graph.nodes)
+
+
+@pytest.mark.parametrize("name", ["resnet", "unet3d", "transformer"])
+def test_grouped_step_equals_the_ungrouped_step_bit_for_bit(name):
+    plain, values = _training(name)
+    tg = plain.group_small_updates()
+    ops = _ops(tg)
+    before = _ops(plain)
+    assert ops["UpdateGroup"] >= 1
+    assert ops["SGDUpdate"] < before["SGDUpdate"]
+    assert tg.new == plain.new  # the same new parameter and state names
+    tiles = {"batch": 2}
+    want, _, _ = _run(plain, values, tiles)
+    got, _, _ = _run(tg, values, tiles)
+    assert want.keys() == got.keys()
+    for k in want:
+        assert np.array_equal(got[k], want[k], equal_nan=True), k
+
+
+def test_only_small_parameters_with_the_same_update_join():
+    plain, _ = _training("resnet")
+    graph = plain.graph.copy()
+    sizes = {
+        n.inputs[0]: graph.types[n.inputs[0]].nbytes
+        for n in graph.nodes
+        if n.op_type == "SGDUpdate"
+    }
+    limit = sorted(sizes.values())[len(sizes) // 2]
+    n = group_updates.group_small_updates(graph, max_bytes=limit)
+    assert n == sum(1 for v in sizes.values() if v <= limit)
+    (group,) = [g for g in graph.nodes if g.op_type == "UpdateGroup"]
+    arity = group.attrs["arity"]
+    members = group.inputs[group.attrs["n_shared"] :: arity]
+    assert sorted(members) == sorted(p for p, v in sizes.items() if v <= limit)
+    left = [g.inputs[0] for g in graph.nodes if g.op_type == "SGDUpdate"]
+    assert sorted(left) == sorted(p for p, v in sizes.items() if v > limit)
+    names = [g.name for g in graph.nodes]
+    assert len(names) == len(set(names))
+
+
+def test_a_lone_small_update_stays_as_it_is():
+    plain, _ = _training("mlp")
+    graph = plain.graph.copy()
+    smallest = min(graph.types[n.inputs[0]].nbytes for n in graph.nodes if n.op_type == "SGDUpdate")
+    assert group_updates.group_small_updates(graph, max_bytes=smallest) == 0
+    assert not any(n.op_type == "UpdateGroup" for n in graph.nodes)
+
+
+def _group_bytes(tg) -> list[int]:
+    out = []
+    for n in tg.graph.nodes:
+        if n.op_type == "UpdateGroup":
+            params = n.inputs[n.attrs["n_shared"] :: n.attrs["arity"]]
+            out.append(sum(tg.graph.types[p].nbytes for p in params))
+    return out
+
+
+def test_the_planner_sizes_groups_to_the_memory_limit(monkeypatch):
+    plain, _ = _training("resnet")
+    tg, _ = plan_training(plain, {"batch": 2})
+    (total,) = _group_bytes(tg)  # no limit: one group of every small parameter
+    limit = 8 * total
+    tight, _ = plan_training(plain, memory_limit=limit)
+    sizes = _group_bytes(tight)
+    assert len(sizes) > 1 and max(sizes) <= limit // 64
+    # groups that ignore the limit do not fit it: the planner plans the ungrouped graph
+    original = TrainingGraph.group_small_updates
+    monkeypatch.setattr(TrainingGraph, "group_small_updates", lambda self, _: original(self))
+    fallback, _ = plan_training(plain, memory_limit=limit)
+    assert _ops(fallback)["UpdateGroup"] == 0
+    assert _ops(fallback)["SGDUpdate"] == _ops(plain)["SGDUpdate"]
