@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
 import pytest
 
 from dfdl.graph import group_updates
 from dfdl.graph.training import TrainingGraph, plan_training
 
-from .test_recompute import _run, _training
+from .test_recompute import _assert_same_step, _training
 
 
 def _ops(tg) -> Counter:
@@ -28,12 +27,7 @@ def test_grouped_step_equals_the_ungrouped_step_bit_for_bit(name):
     assert ops["UpdateGroup"] >= 1
     assert ops["SGDUpdate"] < before["SGDUpdate"]
     assert tg.new == plain.new  # the same new parameter and state names
-    tiles = {"batch": 2}
-    want, _, _ = _run(plain, values, tiles)
-    got, _, _ = _run(tg, values, tiles)
-    assert want.keys() == got.keys()
-    for k in want:
-        assert np.array_equal(got[k], want[k], equal_nan=True), k
+    _assert_same_step(plain, tg, values, {"batch": 2})
 
 
 def test_only_small_parameters_with_the_same_update_join():
