@@ -213,6 +213,7 @@ def run_steps(
             keep=wanted,
             stays=_contractions(used.values(), token),
             light=_light(used.values(), token),
+            small=_small_contractions(used.values(), token),
         )
     t1 = time.perf_counter()
     futures = dict(zip(wanted, client.get(dsk, wanted, sync=False)))
@@ -243,6 +244,16 @@ def _node_tasks(step_plans, token: str, pick: Callable) -> Callable:
 def _contractions(step_plans, token: str) -> Callable:
     """Whether a task key is a contraction's tile task (never fused, dfdl.graph.fuse)."""
     return _node_tasks(step_plans, token, lambda op, n, plan: op.contraction)
+
+
+def _small_contractions(step_plans, token: str) -> Callable:
+    """Whether a task key is a contraction's tile task whose tile reads and writes at
+    most ``LIGHT_BYTES``: it may run inside a light consumer (:mod:`dfdl.graph.fuse`)."""
+
+    def small(op, n, plan) -> bool:
+        return op.contraction and plan.task_bytes.get(n.name, LIGHT_BYTES + 1) <= LIGHT_BYTES
+
+    return _node_tasks(step_plans, token, small)
 
 
 def _light(step_plans, token: str) -> Callable:

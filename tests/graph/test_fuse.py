@@ -85,7 +85,7 @@ def test_light_tasks_are_small_non_contractions():
 
     from dfdl.graph.fuse import LIGHT_BYTES
     from dfdl.graph.ir import Node
-    from dfdl.scheduler.trainer import _light
+    from dfdl.scheduler.trainer import _light, _small_contractions
 
     nodes = [
         Node("small", "Relu", ["x"], ["y"]),
@@ -99,8 +99,15 @@ def test_light_tasks_are_small_non_contractions():
     assert light(("small-fwd-abc12345", 0, 0))
     assert light(("grad-bwd-partial-abc12345", 0, 1))
     assert not light(("big-fwd-abc12345", 0, 0))
-    assert not light(("gemm-bwd-abc12345", 0, 0))  # contractions are never absorbed
+    assert not light(("gemm-bwd-abc12345", 0, 0))  # contractions are never light
     assert not light("small-fwd-abc12345")
+    small = _small_contractions([SimpleNamespace(plan=plan)], "abc12345")
+    assert small(("gemm-bwd-abc12345", 0, 0))
+    assert not small(("small-fwd-abc12345", 0, 0))  # not a contraction
+    sizes["gemm"] = LIGHT_BYTES + 1
+    assert not _small_contractions([SimpleNamespace(plan=plan)], "abc12345")(
+        ("gemm-bwd-abc12345", 0)
+    )
 
 
 def test_a_value_with_two_readers_or_requested_stays():
@@ -126,6 +133,45 @@ def test_tasks_that_stay_are_not_absorbed_but_absorb_their_producers():
     fused = fuse_into_consumers(dsk, keep=["u"], stays=lambda k: k == "g")
     assert set(fused) == {"x", "g", "u"}  # a ran inside g; g stayed its own task
     assert _values(fused, ["u"]) == {"u": -5.0}
+
+
+def _contraction_then_elementwise():
+    return {
+        "x": DataNode("x", 2.0),
+        "b": DataNode("b", 1.0),  # a bias: level 0
+        "g": _t("g", operator.mul, "x", 3.0),  # a contraction, say
+        "u": _t("u", operator.add, "g", "b"),  # its bias add
+        "w": _t("w", operator.neg, "u"),  # a heavy consumer of the add
+    }
+
+
+def test_a_contraction_runs_inside_its_light_consumer():
+    dsk = _contraction_then_elementwise()
+    stays = lambda k: k == "g"  # noqa: E731
+    light = lambda k: k == "u"  # noqa: E731
+    fused = fuse_into_consumers(dsk, keep=["u"], stays=stays, light=light, small=stays)
+    assert set(fused) == {"x", "b", "u", "w"}  # the bias add's task also runs the product
+    assert _values(fused, ["u"]) == _values(dsk, ["u"]) == {"u": 7.0}
+    big = fuse_into_consumers(dsk, keep=["u"], stays=stays, light=light, small=lambda k: False)
+    assert set(big) == {"x", "b", "g", "u", "w"}  # a contraction that is not small stays
+
+
+def test_a_contraction_never_ends_up_in_a_heavy_task():
+    dsk = _contraction_then_elementwise()
+    stays = lambda k: k == "g"  # noqa: E731
+    fused = fuse_into_consumers(dsk, keep=["w"], stays=stays, light=lambda k: k == "u", small=stays)
+    assert set(fused) == {"x", "b", "g", "w"}  # u runs inside w, which is heavy: g stays
+    assert _values(fused, ["w"]) == {"w": -7.0}
+    neither = fuse_into_consumers(dsk, keep=["w"], stays=stays, light=lambda k: False, small=stays)
+    assert set(neither) == {"x", "b", "g", "w"}
+
+
+def test_a_contraction_is_not_absorbed_where_it_would_wait_for_a_sibling():
+    dsk = _sum_of_two_partials()  # p1 and p2: the same level
+    p1 = lambda k: k == "p1"  # noqa: E731
+    fused = fuse_into_consumers(dsk, keep=["s"], stays=p1, light=lambda k: k == "s", small=p1)
+    assert set(fused) == set(dsk)  # p1 would wait for p2 inside s: both stay
+    assert _values(fused, ["s"]) == {"s": 9.0}
 
 
 def test_data_nodes_are_not_fused():

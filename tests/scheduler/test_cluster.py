@@ -22,6 +22,7 @@ def _worker_state(dask_worker):
     return {
         "mmap": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
         "trim": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+        "arenas": os.environ.get("MALLOC_ARENA_MAX"),
         "interval": dask_worker.batched_stream.interval,
     }
 
@@ -42,6 +43,7 @@ def test_default_is_one_process_with_a_thread_per_core(monkeypatch):
         # heap allocations for tiles under 32 MiB (see DASK_CONFIG), not dask's 64 KiB trim
         assert state["mmap"] == str(32 * 2**20)
         assert state["trim"] == str(128 * 2**20)
+        assert state["arenas"] == "1"  # one malloc arena: freed tiles' pages are reused
         assert state["interval"] == latency.INTERVAL_S
         assert client.run_on_scheduler(_scheduler_intervals) == [latency.INTERVAL_S]
 
