@@ -36,20 +36,57 @@ TRIALS = 5
 
 
 class KillAtTask(SchedulerPlugin):
-    """Kills the worker that finishes the ``at``-th task (counting from 1); 0: never."""
+    """Kills the worker that finishes the ``at``-th task (counting from 1); 0: never.
 
-    def __init__(self, pids: dict[str, int], at: int):
-        self.pids, self.at, self.count, self.killed = pids, at, 0, None
+    With ``lose_data``, the kill waits from the ``at``-th task on for a worker that holds
+    data Dask cannot rebuild and tasks still to run need, and kills that one: a loss
+    that must make the trainer roll back, whatever the timing of the run.
+    """
+
+    def __init__(self, scheduler, pids: dict[str, int], at: int, lose_data=False):
+        self.scheduler, self.pids, self.at, self.lose_data = scheduler, pids, at, lose_data
+        self.count, self.killed = 0, None
 
     def transition(self, key, start, finish, *args, **kwargs):
         if finish != "memory" or start != "processing":
             return
         self.count += 1
-        if self.count == self.at and self.killed is None:
+        if self.count < self.at or self.at == 0 or self.killed is not None:
+            return
+        if self.lose_data:
+            victim = next(iter(sorted(self._holding_lost_data())), None)
+            if victim is None:
+                return
+        else:
             worker = kwargs.get("worker")
             victim = worker if worker in self.pids else sorted(self.pids)[0]
-            os.kill(self.pids[victim], signal.SIGKILL)
-            self.killed = (victim, key)
+        os.kill(self.pids[victim], signal.SIGKILL)
+        self.killed = (victim, key)
+
+    def _holding_lost_data(self) -> set[str]:
+        """Workers holding the only copy of needed data that could not be recomputed."""
+        memo: dict = {}
+
+        def lost_without(ts, worker) -> bool:
+            # whether ts cannot be had once ``worker`` dies
+            if ts.key not in memo:
+                held_elsewhere = {ws.address for ws in ts.who_has or ()} - {worker}
+                memo[ts.key] = not held_elsewhere and (
+                    ts.run_spec is None
+                    or ts.has_lost_dependencies
+                    or any(lost_without(d, worker) for d in ts.dependencies)
+                )
+            return memo[ts.key]
+
+        found = set()
+        for worker in self.pids:
+            memo.clear()
+            for ts in self.scheduler.tasks.values():
+                # tasks still to run need it (a future the client holds may be spent)
+                if ts.state == "memory" and ts.waiters and lost_without(ts, worker):
+                    found.add(worker)
+                    break
+        return found
 
 
 def _data():
@@ -73,9 +110,9 @@ def _train(client) -> dfdl.TrainResult:
     )
 
 
-def _run(cluster, client, at: int) -> tuple[dfdl.TrainResult, KillAtTask]:
+def _run(cluster, client, at: int, lose_data: bool = False) -> tuple[dfdl.TrainResult, KillAtTask]:
     client.wait_for_workers(2, timeout=60)
-    plugin = KillAtTask(client.run(os.getpid), at)
+    plugin = KillAtTask(cluster.scheduler, client.run(os.getpid), at, lose_data)
     cluster.scheduler.add_plugin(plugin, name="kill-at-task")
     try:
         return _train(client), plugin
@@ -113,7 +150,7 @@ def test_replay_starts_from_the_latest_anchor(cluster, caplog):
     cl, client, reference, tasks = cluster
     config = {"dfdl.recovery.anchor-overhead": 1e9, "dfdl.recovery.first-anchor-s": 0.0}
     with dask.config.set(config), caplog.at_level(logging.WARNING, logger="dfdl"):
-        got, plugin = _run(cl, client, at=tasks * 3 // 4)
+        got, plugin = _run(cl, client, at=tasks * 3 // 4, lose_data=True)
     assert plugin.killed is not None
     _assert_same(got, reference)
     starts = [int(m) for m in re.findall(r"replaying from step (\d+)", caplog.text)]
@@ -125,7 +162,7 @@ def test_too_many_losses_stop_with_a_training_error(cluster, monkeypatch):
     cl, client, _reference, tasks = cluster
     monkeypatch.setattr(sys.modules["dfdl.train"], "MAX_ROLLBACKS", 0)
     with pytest.raises(TrainingError, match="workers were lost 1 times"):
-        _run(cl, client, at=tasks // 2)
+        _run(cl, client, at=tasks // 2, lose_data=True)
 
 
 class PoisonTask(SchedulerPlugin):
@@ -135,7 +172,7 @@ class PoisonTask(SchedulerPlugin):
         self.scheduler, self.node, self.step, self.kills = scheduler, node, step, 0
 
     def transition(self, key, start, finish, *args, **kwargs):
-        if finish != "processing" or not isinstance(key, tuple) or key[1] != self.step:
+        if finish != "processing" or not isinstance(key, tuple) or key[1:2] != (self.step,):
             return
         if key[0].rsplit("-", 1)[0] != self.node:
             return
@@ -152,7 +189,7 @@ def test_task_that_kills_its_workers_stops_with_a_training_error(cluster, monkey
     cl, client, _reference, _tasks = cluster
     client.wait_for_workers(2, timeout=60)
     monkeypatch.setattr(sys.modules["dfdl.train"], "MAX_ROLLBACKS", 1)
-    plugin = PoisonTask(cl.scheduler, "layers.1-fwd", step=1)
+    plugin = PoisonTask(cl.scheduler, "layers.1.relu-fwd", step=1)
     cl.scheduler.add_plugin(plugin, name="poison")
     before, cl.scheduler.allowed_failures = cl.scheduler.allowed_failures, 0
     try:
