@@ -83,12 +83,14 @@ def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     dtype = A.dtype
     a = A.T if transA else A
     b = B.T if transB else B
-    y = np.matmul(a, b)
+    y = np.asarray(np.matmul(a, b))
+    # in place: the product is a fresh array, and a second output-sized allocation
+    # costs page faults on every call (a dense layer's output is 16-64 MiB)
     if alpha != 1.0:
-        y = y * alpha
+        np.multiply(y, alpha, out=y, casting="unsafe")
     if C is not None and beta != 0.0:
-        y = y + (C * beta if beta != 1.0 else C)
-    return np.asarray(y).astype(dtype, copy=False)
+        np.add(y, C * beta if beta != 1.0 else C, out=y, casting="unsafe")
+    return y.astype(dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- MatMul

@@ -11,6 +11,7 @@ import dfdl
 from dfdl.errors import MemoryPlanError, PlanError
 from dfdl.graph.tiling import (
     MIN_TILE_BYTES,
+    MODEL_SPLIT_BYTES,
     REDUCE_FAN_IN,
     TASK_MEMORY_FRACTION,
     even_chunks,
@@ -198,6 +199,27 @@ def test_automatic_tiles_follow_cores_and_size():
     assert make_plan(graph, None, cores=1).chunks["x"][0] == (1024,)
     tiny = dfdl.plan(ZOO["mlp"](sizes=(4, 3)), batch_size=8, workers=8)
     assert tiny.chunks["x"][0] == (8,), "tiles below MIN_TILE_BYTES are not split"
+
+
+def test_automatic_tiles_split_the_model_when_weights_outweigh_activations():
+    model = ZOO["mlp"](sizes=(64, 2048, 2048, 10))  # a 16 MiB weight
+    for batch, cores, want in [
+        (64, 2, {"batch": 1, "model": 2}),
+        (64, 4, {"batch": 1, "model": 2}),  # 2 x 2 tiles of each weight
+        (64, 9, {"batch": 1, "model": 3}),
+        (64, 1, {"batch": 1, "model": 1}),
+        (4096, 2, {"batch": 2, "model": 1}),  # 32 MiB activations: the batch splits
+    ]:
+        graph = dfdl.plan(model, batch_size=batch, tiles={"batch": 1}).graph
+        weights = [n for n in graph.types if n.endswith((".weight", ".bias"))]
+        assert max(graph.types[w].nbytes for w in weights) >= MODEL_SPLIT_BYTES
+        plan = make_plan(graph, None, cores=cores, weights=weights)
+        assert plan.tiles == want, (batch, cores)
+        assert_chunks_cover_shapes(plan)
+    small = ZOO["mlp"](sizes=(64, 1024, 10))  # 4 MiB: the batch splits as before
+    graph = dfdl.plan(small, batch_size=64, tiles={"batch": 1}).graph
+    weights = [n for n in graph.types if n.endswith((".weight", ".bias"))]
+    assert make_plan(graph, None, cores=2, weights=weights).tiles["model"] == 1
 
 
 @pytest.mark.parametrize("name", PLAN_CASES)
