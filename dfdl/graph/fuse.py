@@ -115,20 +115,20 @@ def fuse_into_consumers(
             continue
         if (light is not None and light(t)) or first:
             absorbed[t] = u
+
+    def root(t):  # the task that ``t`` ends up running in
+        while t in absorbed:
+            t = absorbed[t]
+        return t
+
     for t in [t for t in absorbed if stays is not None and stays(t)]:
-        root = absorbed[t]
-        while root in absorbed:
-            root = absorbed[root]
-        if not light(root):  # it would run inside a heavy task: stays on its own
+        if not light(root(t)):  # it would run inside a heavy task: stays on its own
             del absorbed[t]
 
     members: dict = {}  # consumer that stays -> the tasks it absorbs, producers first
     for t in order:
         if t in absorbed:
-            root = absorbed[t]
-            while root in absorbed:
-                root = absorbed[root]
-            members.setdefault(root, []).append(t)
+            members.setdefault(root(t), []).append(t)
 
     out = {}
     for k, node in dsk.items():

@@ -246,24 +246,25 @@ def _contractions(step_plans, token: str) -> Callable:
     return _node_tasks(step_plans, token, lambda op, n, plan: op.contraction)
 
 
+def _within_light_bytes(n, plan) -> bool:
+    """Whether node ``n``'s largest tile task reads and writes at most ``LIGHT_BYTES``."""
+    return plan.task_bytes.get(n.name, LIGHT_BYTES + 1) <= LIGHT_BYTES
+
+
 def _small_contractions(step_plans, token: str) -> Callable:
     """Whether a task key is a contraction's tile task whose tile reads and writes at
     most ``LIGHT_BYTES``: it may run inside a light consumer (:mod:`dfdl.graph.fuse`)."""
-
-    def small(op, n, plan) -> bool:
-        return op.contraction and plan.task_bytes.get(n.name, LIGHT_BYTES + 1) <= LIGHT_BYTES
-
-    return _node_tasks(step_plans, token, small)
+    return _node_tasks(
+        step_plans, token, lambda op, n, plan: op.contraction and _within_light_bytes(n, plan)
+    )
 
 
 def _light(step_plans, token: str) -> Callable:
     """Whether a task key is a light tile task: not a contraction, and its node's largest
     tile reads and writes at most ``LIGHT_BYTES`` (:mod:`dfdl.graph.fuse`)."""
-
-    def light(op, n, plan) -> bool:
-        return not op.contraction and plan.task_bytes.get(n.name, LIGHT_BYTES + 1) <= LIGHT_BYTES
-
-    return _node_tasks(step_plans, token, light)
+    return _node_tasks(
+        step_plans, token, lambda op, n, plan: not op.contraction and _within_light_bytes(n, plan)
+    )
 
 
 class Constants:
