@@ -74,6 +74,7 @@ import numpy as np
 import dfdl
 from dfdl.graph.estimate import node_flops
 from dfdl.models import ZOO, example_inputs
+from dfdl.ops.cpu import blas as dfdl_blas
 from dfdl.ops.registry import TensorType
 from dfdl.scheduler.cluster import default_workers, local_cluster, total_threads
 
@@ -126,6 +127,34 @@ def matmul_gflops(n: int = 4096, repeat: int = 3) -> float:
         a @ b
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e9
+
+
+def dfdl_matmul_gflops(n: int = 4096, repeat: int = 3) -> float:
+    """GFLOP/s of dfdl's own CPU matmul (:mod:`dfdl.ops.cpu.blas`) as its workers run
+    it: with MKL (sequential), one float32 n x n product per core at once, best of
+    ``repeat``; with numpy's BLAS, :func:`matmul_gflops` (all cores on one product)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dfdl.ops.cpu.blas import BACKEND, matmul
+
+    if BACKEND == "numpy":
+        return matmul_gflops(n, repeat)
+    cores = default_workers()
+    rng = np.random.default_rng(0)
+    pairs = [
+        (
+            rng.standard_normal((n, n), dtype=np.float32),
+            rng.standard_normal((n, n), dtype=np.float32),
+        )
+        for _ in range(cores)
+    ]
+    best = math.inf
+    with ThreadPoolExecutor(cores) as pool:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            list(pool.map(lambda ab: matmul(*ab), pairs))
+            best = min(best, time.perf_counter() - t0)
+    return cores * 2 * n**3 / best / 1e9
 
 
 def openblas_kernels() -> str:
@@ -195,7 +224,6 @@ def _node_ops(model, x: np.ndarray, y: np.ndarray, batch: int, kind: str, okw: d
     """``f"{node}-{phase}"`` -> op type, for the training graph dfdl.train builds."""
     from dfdl.graph.onnx_io import to_ir
     from dfdl.graph.training import build_training_graph
-    from dfdl.ops.registry import TensorType
 
     graph = to_ir(model)
     tg = build_training_graph(
@@ -423,12 +451,13 @@ def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client)
     return rec
 
 
-def _table(records: list[dict], matmul: float) -> str:
+def _table(records: list[dict], matmul: float, own: float) -> str:
     head = (
         f"{'workload':12s} {'batch':>5s} {'GFLOP/step':>10s}"
         f" {'dfdl s/step':>11s} {'samples/s':>9s} {'GFLOP/s':>8s}"
         f" {'torch s/step':>12s} {'samples/s':>9s} {'GFLOP/s':>8s} {'dfdl/torch':>10s}"
-        f" {'dfdl %mm':>8s} {'torch %mm':>9s} {'outside':>7s} {'cold+s':>6s} {'warm+s':>6s}"
+        f" {'dfdl %mm':>8s} {'torch %mm':>9s} {'%blas':>6s} {'outside':>7s}"
+        f" {'cold+s':>6s} {'warm+s':>6s}"
     )
     lines = [head]
     for r in records:
@@ -439,6 +468,7 @@ def _table(records: list[dict], matmul: float) -> str:
             f" {t['median_step_s']:12.3f} {t['samples_per_s']:9.1f} {t['gflop_per_s']:8.1f}"
             f" {r['dfdl_over_torch_samples_per_s']:10.3f}"
             f" {100 * d['gflop_per_s'] / matmul:7.1f}% {100 * t['gflop_per_s'] / matmul:8.1f}%"
+            f" {100 * d['gflop_per_s'] / own:5.1f}%"
             f" {100 * d['outside_kernels_share']:6.1f}%"
             f" {_start(r, 'cold'):>6s} {_start(r, 'warm'):>6s}"
         )
@@ -482,6 +512,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     machine["matmul_gflops"] = mm = matmul_gflops()
     machine["openblas"] = blas = openblas_kernels()
     print(f"numpy float32 4096^2 matmul: {mm:.1f} GFLOP/s ({blas})", file=sys.stderr, flush=True)
+    machine["dfdl_blas"] = dfdl_blas.BACKEND
+    machine["dfdl_matmul_gflops"] = dmm = dfdl_matmul_gflops()
+    print(f"dfdl's matmul ({dfdl_blas.BACKEND}): {dmm:.1f} GFLOP/s", file=sys.stderr, flush=True)
     records = []
     if args.scheduler:
         cluster, client = None, Client(args.scheduler)
@@ -502,7 +535,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if cluster is not None:
             cluster.close()
     machine["loadavg_end"] = os.getloadavg()
-    print(_table(records, mm))
+    print(_table(records, mm, dmm))
     start, end = machine["loadavg_start"][0], machine["loadavg_end"][0]
     print(
         f"{'full' if args.full else 'small'} workloads; steps={args.steps} warmup={args.warmup}"
@@ -511,6 +544,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f" 1-min load average {start:.1f} at start, {end:.1f} at end"
     )
     print("%mm: achieved GFLOP/s (3x forward Gemm/MatMul/Conv FLOPs) / numpy matmul GFLOP/s")
+    print(
+        f"%blas: dfdl's achieved GFLOP/s / its own BLAS ({machine['dfdl_blas']}) at 4096,"
+        f" one product per core at once: {dmm:.1f} GFLOP/s"
+    )
     print("outside: share of dfdl's thread time per step not spent executing tasks")
     print("cold+s / warm+s: first one-step train of a fresh process minus the second, seconds")
     for r in records:

@@ -18,6 +18,7 @@ import numpy as np
 
 from dfdl.errors import ShapeError, UnsupportedOpError
 from dfdl.ops.common import letters
+from dfdl.ops.cpu.blas import matmul
 from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
 _MATMUL_DTYPES = frozenset(
@@ -83,7 +84,7 @@ def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     dtype = A.dtype
     a = A.T if transA else A
     b = B.T if transB else B
-    y = np.asarray(np.matmul(a, b))
+    y = np.asarray(matmul(a, b))
     # in place: the product is a fresh array, and a second output-sized allocation
     # costs page faults on every call (a dense layer's output is 16-64 MiB)
     if alpha != 1.0:
@@ -145,9 +146,9 @@ def MatMul(A, B):
         (2, 3, 5)
     """
     if A.ndim > 2 and B.ndim == 2:
-        y = np.matmul(A.reshape(-1, A.shape[-1]), B).reshape(*A.shape[:-1], B.shape[-1])
+        y = matmul(A.reshape(-1, A.shape[-1]), B).reshape(*A.shape[:-1], B.shape[-1])
     else:
-        y = np.matmul(A, B)
+        y = matmul(A, B)
     return np.asarray(y).astype(A.dtype, copy=False)
 
 
@@ -192,7 +193,7 @@ def MatMulGradB(A, dY):
     """
     a = A.reshape(-1, A.shape[-1])
     dy = dY.reshape(-1, dY.shape[-1])
-    return np.asarray(np.matmul(a.T, dy)).astype(A.dtype, copy=False)
+    return np.asarray(matmul(a.T, dy)).astype(A.dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- VJPs

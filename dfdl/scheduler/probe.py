@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dfdl.ops.cpu.blas import matmul
+
 #: bytes written and read back to measure the spill directory
 DISK_PROBE_BYTES = 64 * 2**20
 #: size of the float32 matmul timed for the kernel rate
@@ -50,11 +52,11 @@ def measure(folder: str | None = None) -> Speeds:
     folder = folder or _spill_folder()
     n = MATMUL_PROBE_N
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    a @ a  # warm up BLAS
+    matmul(a, a)  # warm up BLAS
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
-        a @ a
+        matmul(a, a)
         best = min(best, time.perf_counter() - t0)
     flops = 2 * n**3 / max(best, 1e-9)
     block = np.random.default_rng(1).bytes(4 * 2**20)

@@ -17,6 +17,7 @@ import numba
 import numpy as np
 
 from dfdl.ops.cpu import conv_direct
+from dfdl.ops.cpu.blas import matmul
 
 #: upper bound on one im2col/col2im buffer (bytes)
 COLS_BYTES = 4 << 20
@@ -288,16 +289,16 @@ def conv_cpu(
         xg = x[:, g * cg : (g + 1) * cg]
         yg = y[:, g * mg : (g + 1) * mg]
         if pointwise:  # 1x1 kernel, stride 1, no pad: cols is the input itself
-            np.matmul(w2[g], xg.reshape(n, cg, npos), out=yg)
+            matmul(w2[g], xg.reshape(n, cg, npos), out=yg)
         for n0, n1, r0, r1 in blocks:
             step = (r1 - r0) * out_w
             cols = buf[: kk * step * (n1 - n0)].reshape(kk, step * (n1 - n0))
             for i in range(n1 - n0):
                 _im2col(xg[n0 + i], cols, i * step, r0, r1, out_h, out_w, k, s, d, p)
             if n1 - n0 == 1:
-                np.matmul(w2[g], cols, out=yg[n0, :, r0 * out_w : r1 * out_w])
+                matmul(w2[g], cols, out=yg[n0, :, r0 * out_w : r1 * out_w])
             else:
-                res = np.matmul(w2[g], cols).reshape(mg, n1 - n0, npos)
+                res = matmul(w2[g], cols).reshape(mg, n1 - n0, npos)
                 yg[n0:n1] = res.transpose(1, 0, 2)
     if B is not None:
         y += B.reshape(1, m, 1)
@@ -326,7 +327,7 @@ def _conv_cl(x, W, group, per, out, k, s, d, p) -> np.ndarray:
         for g in range(group):
             for i in range(nb):
                 _im2col_cl(xcl[i], cols, i * npos, *out, k, s, d, p, g * cg, cg)
-            np.matmul(cols[: nb * npos], wcl[g].T, out=ycl[: nb * npos, g * mg : (g + 1) * mg])
+            matmul(cols[: nb * npos], wcl[g].T, out=ycl[: nb * npos, g * mg : (g + 1) * mg])
         y[n0 : n0 + nb] = ycl[: nb * npos].reshape(nb, npos, m).transpose(0, 2, 1)
     return y
 
@@ -348,7 +349,7 @@ def _conv_grad_weight_cl(x, dy, group, per, out, k, s, d, p) -> np.ndarray:
         for g in range(group):
             for i in range(nb):
                 _im2col_cl(xcl[i], cols, i * npos, *out, k, s, d, p, g * cg, cg)
-            dw[g] += dycl[:, g * mg : (g + 1) * mg].T @ cols[: nb * npos]
+            matmul(dycl[:, g * mg : (g + 1) * mg].T, cols[: nb * npos], dw[g], accumulate=True)
     # (group, C_out/g, k * C/g) -> (group, C_out/g, C/g, k)
     return dw.reshape(group, mg, kv, cg).transpose(0, 1, 3, 2)
 
@@ -373,7 +374,7 @@ def _scatter_cl(x, W, group, per, out, k, s, d, p) -> np.ndarray:
         xcl = _channels_last(x[n0 : n0 + nb]).reshape(nb * npos, c)
         ycl[:nb] = 0
         for g in range(group):
-            np.matmul(xcl[:, g * cg : (g + 1) * cg], wcl[g], out=cols[: nb * npos])
+            matmul(xcl[:, g * cg : (g + 1) * cg], wcl[g], out=cols[: nb * npos])
             for i in range(nb):
                 _col2im_cl(cols, i * npos, *in_sp, ycl[i], k, s, d, p, g * mg, mg)
         y[n0 : n0 + nb] = np.moveaxis(ycl[:nb], -1, 1)
@@ -446,10 +447,10 @@ def _scatter(X, W, group, kernel, strides, dilations, pads_begin, out) -> np.nda
             step = (r1 - r0) * in_w
             cols = buf[: kk * step * (n1 - n0)].reshape(kk, step * (n1 - n0))
             if n1 - n0 == 1:
-                np.matmul(wt[g], xg[n0, :, r0 * in_w : r1 * in_w], out=cols)
+                matmul(wt[g], xg[n0, :, r0 * in_w : r1 * in_w], out=cols)
             else:  # samples side by side: (C/g, n * positions)
                 xs = xg[n0:n1].transpose(1, 0, 2).reshape(cg, (n1 - n0) * npos)
-                np.matmul(wt[g], xs, out=cols)
+                matmul(wt[g], xs, out=cols)
             for i in range(n1 - n0):
                 _col2im(cols, i * step, r0, r1, in_h, in_w, yg[n0 + i], k, s, d, p)
     return y
@@ -552,5 +553,5 @@ def conv_grad_weight_cpu(
             else:  # samples side by side, as in cols: (M/g, n * positions)
                 dyb = dyg[n0:n1].transpose(1, 0, 2).reshape(mg, (n1 - n0) * npos)
             # contract positions: dW_g += dY_g @ cols^T (BLAS reads the transpose in place)
-            dw[g] += np.matmul(dyb, cols.T)
+            matmul(dyb, cols.T, dw[g], accumulate=True)
     return dw.reshape(wshape)

@@ -1,0 +1,192 @@
+"""dfdl.ops.cpu.blas: products against a float64 numpy reference for every operand
+layout, MKL taking the layouts it can read in place, and the choice of library."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dfdl.errors import DfdlError
+from dfdl.ops.cpu import blas
+
+needs_mkl = pytest.mark.skipif(
+    blas.BACKEND != "mkl", reason="Intel MKL is not installed (pip install dfdl[mkl])"
+)
+
+
+@pytest.fixture(params=["mkl", "numpy"])
+def backend(request, monkeypatch):
+    """Runs a test with MKL (skipped where it is not installed) and with numpy's BLAS."""
+    if request.param == "mkl" and blas.BACKEND != "mkl":
+        pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
+    if request.param == "numpy":
+        monkeypatch.setattr(blas, "_MKL", None)
+    return request.param
+
+
+RNG = np.random.default_rng(0)
+A = RNG.standard_normal((64, 96), dtype=np.float32)
+B = RNG.standard_normal((96, 80), dtype=np.float32)
+
+
+def _wide(x, extra=7):
+    """``x`` as a view into wider rows (leading dimension > columns)."""
+    buf = np.zeros((x.shape[0], x.shape[1] + extra), x.dtype)
+    buf[:, : x.shape[1]] = x
+    return buf[:, : x.shape[1]]
+
+
+LAYOUTS_2D = {
+    "row-major": (lambda a: a, lambda b: b),
+    "column-major": (np.asfortranarray, np.asfortranarray),
+    "transposed views": (
+        lambda a: np.ascontiguousarray(a.T).T,
+        lambda b: np.ascontiguousarray(b.T).T,
+    ),
+    "wide rows": (_wide, _wide),
+    "every other row": (
+        lambda a: np.repeat(a, 2, axis=0)[::2],
+        lambda b: np.repeat(b, 2, axis=0)[::2],
+    ),
+}
+
+
+def _check(y, a, b):
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert y.shape == want.shape and y.dtype == a.dtype
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS_2D)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_2d_products_match_numpy_for_every_layout(layout, dtype, backend):
+    fa, fb = LAYOUTS_2D[layout]
+    a, b = fa(A.astype(dtype)), fb(B.astype(dtype))
+    _check(blas.matmul(a, b), a, b)
+
+
+@needs_mkl
+@pytest.mark.parametrize("layout", LAYOUTS_2D)
+def test_mkl_reads_2d_layouts_in_place(layout):
+    fa, fb = LAYOUTS_2D[layout]
+    a, b = fa(A), fb(B)
+    out = np.full((64, 80), np.nan, np.float32)
+    assert blas._gemm(a, b, out, accumulate=False)
+    _check(out, a, b)
+
+
+def test_output_views_and_accumulation(backend):
+    big = np.zeros((64, 100), np.float32)
+    y = blas.matmul(A, B, big[:, 10:90])
+    assert y.base is big or y.base is big.base
+    _check(big[:, 10:90], A, B)
+    assert not big[:, :10].any() and not big[:, 90:].any()
+    acc = np.ones((64, 80), np.float32)
+    blas.matmul(A, B, acc, accumulate=True)
+    np.testing.assert_allclose(acc - 1, A.astype(np.float64) @ B, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="accumulate"):
+        blas.matmul(A, B, accumulate=True)
+
+
+BATCHED = {
+    "stack @ stack": ((5, 64, 96), (5, 96, 80), None),
+    "stack @ matrix": ((5, 64, 96), (96, 80), None),
+    "broadcast batch": ((3, 64, 96), (1, 96, 80), None),
+    "two batch axes": ((2, 3, 64, 96), (2, 3, 96, 80), None),
+    "transposed last axes": ((3, 96, 64), (3, 80, 96), (0, 2, 1)),
+}
+
+
+@pytest.mark.parametrize("case", BATCHED)
+def test_batched_products_match_numpy(case, backend):
+    sa, sb, perm = BATCHED[case]
+    a = RNG.standard_normal(sa, dtype=np.float32)
+    b = RNG.standard_normal(sb, dtype=np.float32)
+    if perm:
+        a, b = a.transpose(perm), b.transpose(perm)
+    _check(blas.matmul(a, b), a, b)
+    if backend == "mkl":
+        assert blas._batched(a, b, None, False) is not None, "MKL should take this stack"
+
+
+@pytest.mark.parametrize(
+    "sa, sb, perm",
+    [((2, 3, 64, 96), (96, 80), (1, 0, 2, 3)), ((2, 3, 64, 96), (1, 3, 96, 80), None)],
+    ids=["permuted batch axes", "broadcast inner batch axis"],
+)
+def test_batch_axes_that_do_not_flatten_still_match(sa, sb, perm, backend):
+    a = RNG.standard_normal(sa, dtype=np.float32)
+    a = a.transpose(perm) if perm else a
+    b = RNG.standard_normal(sb, dtype=np.float32)
+    _check(blas.matmul(a, b), a, b)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        (np.arange(96 * 64).reshape(64, 96) % 7, np.arange(96 * 80).reshape(96, 80) % 5),
+        (A, B.astype(np.float64)),
+        (A[::2, ::2], B[::2, ::2]),
+        (np.ones((64, 0), np.float32), np.ones((0, 80), np.float32)),
+        (A[0], B),
+    ],
+    ids=["integers", "mixed dtypes", "no unit stride", "empty contraction", "vector"],
+)
+def test_products_mkl_cannot_take_fall_back_to_numpy(a, b, backend):
+    np.testing.assert_allclose(blas.matmul(a, b), np.matmul(a, b), rtol=1e-5, atol=1e-4)
+
+
+def test_an_output_overlapping_an_input_falls_back(backend):
+    x = np.ascontiguousarray(np.eye(64, dtype=np.float32) * 2)
+    want = x @ x
+    blas.matmul(x, x, out=x)
+    np.testing.assert_array_equal(x, want)
+
+
+@needs_mkl
+def test_mkl_results_do_not_depend_on_alignment():
+    def placed(x, offset):
+        buf = np.empty(x.size + 32, x.dtype)
+        start = (-(buf.ctypes.data // x.itemsize)) % 16 + offset
+        view = buf[start : start + x.size].reshape(x.shape)
+        view[...] = x
+        return view
+
+    a = RNG.standard_normal((257, 513), dtype=np.float32)
+    b = RNG.standard_normal((513, 129), dtype=np.float32)
+    results = [blas.matmul(placed(a, off), placed(b, (3 * off) % 16)) for off in range(0, 16, 3)]
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+
+
+def _backend_in_subprocess(value):
+    env = {**os.environ, blas.ENV: value}
+    code = "from dfdl.ops.cpu import blas; print(blas.BACKEND)"
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_environment_picks_the_library():
+    done = _backend_in_subprocess("numpy")
+    assert done.returncode == 0 and done.stdout.strip() == "numpy"
+    done = _backend_in_subprocess("blis")
+    assert done.returncode != 0 and "DFDL_BLAS='blis'" in done.stderr
+    assert "'auto', 'mkl' or 'numpy'" in done.stderr
+
+
+@needs_mkl
+def test_mkl_asked_for_and_installed_is_used():
+    done = _backend_in_subprocess("mkl")
+    assert done.returncode == 0 and done.stdout.strip() == "mkl"
+
+
+def test_mkl_asked_for_but_missing_says_how_to_install(monkeypatch):
+    monkeypatch.setenv(blas.ENV, "mkl")
+    monkeypatch.setattr(blas, "_find_mkl", lambda: None)
+    with pytest.raises(DfdlError, match=r"pip install dfdl\[mkl\]"):
+        blas._load()
+    monkeypatch.setenv(blas.ENV, "auto")
+    assert blas._load() is None
