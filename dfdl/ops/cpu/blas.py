@@ -32,6 +32,7 @@ import ctypes.util
 import glob
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -55,6 +56,26 @@ def _find_mkl() -> str | None:
     return ctypes.util.find_library("mkl_rt")
 
 
+_XERBLA = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+_rejected = threading.local()
+
+
+def _record_rejection(name, info, _length) -> None:
+    _rejected.last = (name.decode(errors="replace").strip(), info[0])
+
+
+def _raise_rejected(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+    """Raises when MKL rejected the arguments of this thread's last call."""
+    got = getattr(_rejected, "last", None)
+    if got is not None:
+        _rejected.last = None
+        raise DfdlError(
+            f"MKL rejected argument {got[1]} of {got[0]} for {a.shape} @ {b.shape} into "
+            f"{c.shape} (strides {a.strides}, {b.strides}, {c.strides}): a dfdl bug, please "
+            f"report it; {ENV}=numpy works around it"
+        )
+
+
 class _Mkl:
     """ctypes bindings of MKL's CBLAS ``?gemm`` and ``?gemm_batch_strided``."""
 
@@ -63,6 +84,10 @@ class _Mkl:
         # must precede MKL's first computation; a process whose numpy already runs
         # MKL keeps that layer (the call then returns the one in force)
         lib.MKL_Set_Threading_Layer(_MKL_THREADING_SEQUENTIAL)
+        # MKL reports a bad argument through xerbla (by default: a line on stdout, the
+        # output left unwritten); this one records it for :func:`_raise_rejected`
+        self._xerbla = _XERBLA(_record_rejection)
+        lib.mkl_set_xerbla(self._xerbla)
         i, p = ctypes.c_int, ctypes.c_void_p
         self.gemm = {}
         self.batch = {}
@@ -199,6 +224,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool) -> bool
         a.ctypes.data, ta[1], b.ctypes.data, tb[1],
         1.0 if accumulate else 0.0, c.ctypes.data, ldc,
     )  # fmt: skip
+    _raise_rejected(a, b, c)
     return True
 
 
@@ -221,21 +247,23 @@ def _batched(a, b, out, accumulate) -> np.ndarray | None:
         out = np.empty((*batch, m, n), a.dtype)
     elif out.shape != (*batch, m, n):
         return None
+    a0, b0, c0 = av[(0,) * len(batch)], bv[(0,) * len(batch)], out[(0,) * len(batch)]
+    if count == 1:  # MKL rejects the batch call's output stride 0 of a one-item stack
+        return out if _gemm(a0, b0, c0, accumulate) else None
     sa, sb, sc = _flat_stride(av), _flat_stride(bv), _flat_stride(out)
     if sa is None or sb is None or sc is None:
         return None
-    a0, b0, c0 = av[(0,) * len(batch)], bv[(0,) * len(batch)], out[(0,) * len(batch)]
     ta, tb, ldc = _operand(a0), _operand(b0), _out_ld(c0)
-    if ta is None or tb is None or ldc is None:
-        return None
-    # a batch of outputs that overlap one another (stride 0) would race; numpy handles it
-    if count > 1 and sc < m * ldc:
+    # outputs that overlap one another would race (numpy handles them), and MKL checks
+    # stridec >= m * ldc
+    if ta is None or tb is None or ldc is None or sc < m * ldc:
         return None
     f(
         _ROW_MAJOR, ta[0], tb[0], m, n, k, 1.0,
         av.ctypes.data, ta[1], sa, bv.ctypes.data, tb[1], sb,
         1.0 if accumulate else 0.0, out.ctypes.data, ldc, sc, count,
     )  # fmt: skip
+    _raise_rejected(av, bv, out)
     return out
 
 

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from dfdl.errors import DfdlError
+from dfdl.ops import REGISTRY
 from dfdl.ops.cpu import blas
+from tests.ops.test_registry import CASES, assert_matches
 
 needs_mkl = pytest.mark.skipif(
     blas.BACKEND != "mkl", reason="Intel MKL is not installed (pip install dfdl[mkl])"
@@ -92,6 +94,8 @@ def test_output_views_and_accumulation(backend):
 
 BATCHED = {
     "stack @ stack": ((5, 64, 96), (5, 96, 80), None),
+    "one-item stack": ((1, 64, 96), (1, 96, 80), None),
+    "matrix @ one-item stack": ((64, 96), (1, 96, 80), None),
     "stack @ matrix": ((5, 64, 96), (96, 80), None),
     "broadcast batch": ((3, 64, 96), (1, 96, 80), None),
     "two batch axes": ((2, 3, 64, 96), (2, 3, 96, 80), None),
@@ -190,3 +194,35 @@ def test_mkl_asked_for_but_missing_says_how_to_install(monkeypatch):
         blas._load()
     monkeypatch.setenv(blas.ENV, "auto")
     assert blas._load() is None
+
+
+@needs_mkl
+def test_arguments_mkl_rejects_raise_instead_of_leaving_the_output_unwritten():
+    a, b = A, B
+    c = np.zeros((64, 80), np.float32)
+    gemm = blas._MKL.gemm[np.dtype(np.float32)]
+    # ldc 10 < N 80: MKL's argument 14
+    gemm(
+        101, 111, 111, 64, 80, 96, 1.0, a.ctypes.data, 96, b.ctypes.data, 80, 0.0, c.ctypes.data, 10
+    )
+    with pytest.raises(DfdlError, match=r"argument 14 of cblas_sgemm.*DFDL_BLAS=numpy"):
+        blas._raise_rejected(a, b, c)
+    blas._raise_rejected(a, b, c)  # reported once
+    _check(blas.matmul(a, b), a, b)
+
+
+LINALG_CASES = [c for c in CASES if c.op in ("Gemm", "MatMul", "MatMulGradB")]
+
+
+@needs_mkl
+@pytest.mark.parametrize("case", LINALG_CASES, ids=lambda c: c.name())
+def test_matrix_product_ops_match_their_reference_on_mkl(case, monkeypatch):
+    monkeypatch.setattr(blas, "MIN_WORK", 1)  # every product on MKL, however small
+    outs = REGISTRY[case.key].forward(*case.inputs, **case.attrs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    for i, want in enumerate(case.expected()):
+        assert_matches(outs[i], want, case, f"output {i} on MKL")
+
+
+def test_every_matrix_product_op_has_cases_here():
+    assert {c.op for c in LINALG_CASES} == {"Gemm", "MatMul", "MatMulGradB"}

@@ -9,7 +9,8 @@ direct paths, so here every conv-family case runs through each path: channels-fi
 channels-last with blocks of one sample, of two (five samples: a short last block) and
 of all samples, and direct with its channel, size and border limits lifted (the cases it
 cannot run take im2col), against the case's reference (float32 and float64 cases: other
-dtypes take the numpy forward).
+dtypes take the numpy forward); the matrix products on numpy's BLAS and, where it is
+installed, on MKL (every product, however small).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from dfdl.ops import REGISTRY
-from dfdl.ops.cpu import conv, conv_direct
+from dfdl.ops.cpu import blas, conv, conv_direct
 from tests.ops.test_registry import CASES, assert_matches
 
 CONV_OPS = ("Conv", "ConvTranspose", "ConvGradInput", "ConvGradWeight")
@@ -63,9 +64,16 @@ def test_every_conv_op_has_cases_here():
     assert {c.op for c in CONV_CASES} == set(CONV_OPS)
 
 
+@pytest.mark.parametrize("library", ["numpy", "mkl"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: c.name())
-def test_kernel_matches_reference_in_each_layout(case, layout, monkeypatch):
+def test_kernel_matches_reference_in_each_layout(case, layout, library, monkeypatch):
+    if library == "mkl":  # every product on MKL, however small
+        if blas.BACKEND != "mkl":
+            pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
+        monkeypatch.setattr(blas, "MIN_WORK", 1)
+    else:
+        monkeypatch.setattr(blas, "_MKL", None)
     per = LAYOUTS[layout]
     if per is None:
         monkeypatch.setattr(conv_direct, "MIN_CHANNELS", 1)
