@@ -8,11 +8,20 @@ numpy's OpenBLAS on one thread (e.g. (1024, 2048) @ (2048, 2048): 179 against 16
 GFLOP/s), and it adds into an output in place (``beta=1``) where numpy needs a
 temporary.
 
-Which library runs is chosen once per process from ``DFDL_BLAS``: ``auto`` (the default:
-MKL when its runtime library ``libmkl_rt`` is found, else numpy), ``mkl`` (MKL or an
-error) or ``numpy``. All workers of a cluster should run the same one: the two sum in
-different orders, so their results differ in the last bits (runs stay bit-identical as
-long as the library is the same; MKL's sequential results do not depend on the arrays'
+Which library runs is chosen once per process, at its first product, from
+``DFDL_BLAS``: ``auto`` (the default: MKL when its runtime library ``libmkl_rt`` is
+found and PyTorch is not imported in the process, else numpy), ``mkl`` (MKL or an
+error) or ``numpy``. PyTorch links its own MKL: once this one is loaded, PyTorch's
+GEMMs in the same process ran on one thread (2048 x 4096 x 4096 on 2 threads: 171
+against 347 GFLOP/s), so ``auto`` leaves a process that runs PyTorch alone. (Workers
+that Dask spawns from a script re-run its top-level imports: a script that imports
+torch at the top gets numpy in its embedded cluster's workers too; import torch inside
+a function, or set ``DFDL_BLAS=mkl``.) MKL is loaded lazily for the same reason: a
+client process that only builds graphs (the workers run the products) never loads it.
+
+All workers of a cluster should run the same library: the two sum in different
+orders, so their results differ in the last bits (runs stay bit-identical as long as
+the library is the same; MKL's sequential results do not depend on the arrays'
 alignment). MKL runs on its sequential layer: parallelism comes from tiles, one thread
 per task, as with numpy's BLAS in dfdl's workers.
 
@@ -107,11 +116,16 @@ class _Mkl:
         self.path = path
 
 
-def _load() -> _Mkl | None:
+def _choice() -> str:
     choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if choice not in ("auto", "mkl", "numpy"):
         raise DfdlError(f"{ENV}={choice!r}: use 'auto', 'mkl' or 'numpy'")
-    if choice == "numpy":
+    return choice
+
+
+def _load() -> _Mkl | None:
+    choice = _choice()
+    if choice == "numpy" or (choice == "auto" and "torch" in sys.modules):
         return None
     path = _find_mkl()
     if path is None:
@@ -130,9 +144,32 @@ def _load() -> _Mkl | None:
         return None
 
 
-_MKL = _load()
-#: the library this process's products run on: ``"mkl"`` or ``"numpy"``
-BACKEND = "mkl" if _MKL is not None else "numpy"
+_choice()  # a bad DFDL_BLAS fails at import, not in the first task
+_UNSET = object()
+_MKL = _UNSET  # loaded by the process's first product (see backend())
+_LOCK = threading.Lock()
+
+
+def _lib() -> _Mkl | None:
+    global _MKL
+    if _MKL is _UNSET:
+        with _LOCK:
+            if _MKL is _UNSET:
+                _MKL = _load()
+    return _MKL
+
+
+def backend() -> str:
+    """The library this process's products run on: ``"mkl"`` or ``"numpy"`` (loads
+    MKL if it is to be used and not loaded yet).
+
+    Example:
+        >>> backend() in ("mkl", "numpy")
+        True
+    """
+    return "numpy" if _lib() is None else "mkl"
+
+
 #: smallest ``m * n * k`` sent to MKL; smaller products cost more in the ctypes call
 #: (about 2 us) than they gain
 MIN_WORK = 4096
@@ -162,7 +199,8 @@ def _out_ld(c: np.ndarray) -> int | None:
 
 def _usable(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
     dtype = a.dtype
-    if _MKL is None or dtype not in _MKL.gemm or b.dtype != dtype:
+    lib = _lib()
+    if lib is None or dtype not in lib.gemm or b.dtype != dtype:
         return False
     if out is not None and (
         out.dtype != dtype or np.may_share_memory(out, a) or np.may_share_memory(out, b)
@@ -219,7 +257,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: bool) -> bool
         return False
     m, k = a.shape
     n = b.shape[1]
-    _MKL.gemm[a.dtype](
+    _lib().gemm[a.dtype](
         _ROW_MAJOR, ta[0], tb[0], m, n, k, 1.0,
         a.ctypes.data, ta[1], b.ctypes.data, tb[1],
         1.0 if accumulate else 0.0, c.ctypes.data, ldc,
@@ -237,7 +275,7 @@ def _batched(a, b, out, accumulate) -> np.ndarray | None:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except ValueError:
         return None
-    f = _MKL.batch.get(a.dtype)
+    f = _lib().batch.get(a.dtype)
     count = int(np.prod(batch))
     if f is None or count == 0:
         return None

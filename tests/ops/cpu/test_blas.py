@@ -13,19 +13,35 @@ from dfdl.ops import REGISTRY
 from dfdl.ops.cpu import blas
 from tests.ops.test_registry import CASES, assert_matches
 
-needs_mkl = pytest.mark.skipif(
-    blas.BACKEND != "mkl", reason="Intel MKL is not installed (pip install dfdl[mkl])"
-)
+
+@pytest.fixture
+def mkl(monkeypatch):
+    """MKL for this test (skipped where it is not installed)."""
+    if blas._find_mkl() is None:
+        pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
+    _with_mkl(monkeypatch)
+
+
+needs_mkl = pytest.mark.usefixtures("mkl")
 
 
 @pytest.fixture(params=["mkl", "numpy"])
 def backend(request, monkeypatch):
     """Runs a test with MKL (skipped where it is not installed) and with numpy's BLAS."""
-    if request.param == "mkl" and blas.BACKEND != "mkl":
+    if request.param == "mkl" and blas._find_mkl() is None:
         pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
-    if request.param == "numpy":
+    if request.param == "mkl":
+        _with_mkl(monkeypatch)
+    else:
         monkeypatch.setattr(blas, "_MKL", None)
     return request.param
+
+
+def _with_mkl(monkeypatch):
+    """MKL for this test, also where PyTorch is imported in the test process."""
+    monkeypatch.setenv(blas.ENV, "mkl")
+    if blas._MKL is blas._UNSET or blas._MKL is None:
+        monkeypatch.setattr(blas, "_MKL", blas._load())
 
 
 RNG = np.random.default_rng(0)
@@ -167,7 +183,7 @@ def test_mkl_results_do_not_depend_on_alignment():
 
 def _backend_in_subprocess(value):
     env = {**os.environ, blas.ENV: value}
-    code = "from dfdl.ops.cpu import blas; print(blas.BACKEND)"
+    code = "from dfdl.ops.cpu import blas; print(blas.backend())"
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
@@ -187,6 +203,21 @@ def test_mkl_asked_for_and_installed_is_used():
     assert done.returncode == 0 and done.stdout.strip() == "mkl"
 
 
+@needs_mkl
+def test_auto_leaves_a_process_that_runs_pytorch_on_numpy():
+    pytest.importorskip("torch", reason="needs the torch extra")
+    code = "import torch; from dfdl.ops.cpu import blas; print(blas.backend())"
+    for value, want in (("auto", "numpy"), ("mkl", "mkl")):
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, blas.ENV: value},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0 and done.stdout.strip() == want, (value, done.stderr)
+
+
 def test_mkl_asked_for_but_missing_says_how_to_install(monkeypatch):
     monkeypatch.setenv(blas.ENV, "mkl")
     monkeypatch.setattr(blas, "_find_mkl", lambda: None)
@@ -200,7 +231,7 @@ def test_mkl_asked_for_but_missing_says_how_to_install(monkeypatch):
 def test_arguments_mkl_rejects_raise_instead_of_leaving_the_output_unwritten():
     a, b = A, B
     c = np.zeros((64, 80), np.float32)
-    gemm = blas._MKL.gemm[np.dtype(np.float32)]
+    gemm = blas._lib().gemm[np.dtype(np.float32)]
     # ldc 10 < N 80: MKL's argument 14
     gemm(
         101, 111, 111, 64, 80, 96, 1.0, a.ctypes.data, 96, b.ctypes.data, 80, 0.0, c.ctypes.data, 10
