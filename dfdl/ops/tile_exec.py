@@ -7,6 +7,9 @@ tile, slice a region out of a tile, or assemble a region from several tiles.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -77,6 +80,28 @@ def _settled(x: np.ndarray) -> np.ndarray:
     return np.array(x, order="C")
 
 
+#: how much nicer than its process a thread that runs tile tasks is, set by dfdl's
+#: worker preload (:data:`dfdl.scheduler.worker_setup.TASK_NICE`); 0 leaves threads be
+TASK_NICE = 0
+_thread = threading.local()
+
+
+def _renice() -> None:
+    """Makes the calling thread :data:`TASK_NICE` nicer than its process (Linux, where
+    nice values are per thread)."""
+    applied = getattr(_thread, "nice", 0)
+    if applied == TASK_NICE:
+        return
+    _thread.nice = TASK_NICE
+    if sys.platform.startswith("linux"):  # elsewhere a thread id is no process id
+        tid = threading.get_native_id()
+        try:
+            now = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + TASK_NICE - applied))
+        except OSError:  # a lower value needs privileges: the thread stays as it is
+            pass
+
+
 def run_tile(meta: tuple, *args: Any) -> Any:
     """Run one op on one tile.
 
@@ -86,6 +111,7 @@ def run_tile(meta: tuple, *args: Any) -> Any:
             output slot (None for absent ones) and ``label`` names node and tile.
         *args: the input tiles referenced by ``input_specs``.
     """
+    _renice()
     fn, attrs, specs, shapes, label = meta
     n_out = len(shapes)
     inputs = [_aligned(_resolve(s, args)) for s in specs]

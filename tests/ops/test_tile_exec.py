@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
-from dfdl.ops import REGISTRY
+from dfdl.ops import REGISTRY, tile_exec
 from dfdl.ops.tile_exec import combine, run_tile
 from tests.ops.case import rand
 
@@ -76,3 +81,18 @@ def test_combine_folds_partials_left_to_right_into_a_new_array(how, ufunc, n, sh
     assert all(got is not p and not np.shares_memory(got, p) for p in parts)
     for p, b in zip(parts, before):  # partials are Dask's data: never written to
         np.testing.assert_array_equal(p, b)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_tile_tasks_make_their_thread_nicer_by_task_nice(monkeypatch):
+    def nice():
+        return np.asarray(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    meta = (nice, {}, (), ((),), "nice probe")
+    monkeypatch.setattr(tile_exec, "TASK_NICE", 4)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(run_tile, meta).result()
+        again = pool.submit(run_tile, meta).result()  # applied once per thread
+    assert int(first) == int(again) == base + 4
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base

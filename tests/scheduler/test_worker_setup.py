@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 
 import dask
+import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
 import dfdl
+from dfdl.ops import tile_exec
 from dfdl.scheduler import heap, worker_setup
 from dfdl.scheduler.cluster import WORKER_PRELOAD
 
@@ -87,3 +92,28 @@ def test_scratch_memory_fits_the_worker_memory_limit():
     ):
         (cap,) = client.run(_scratch_cap).values()
     assert cap == 256 * 2**20 // 32 // 4
+
+
+def _task_thread_nice():
+    return np.asarray(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+
+def _nice_of_a_tile_task(client) -> int:
+    meta = (_task_thread_nice, {}, (), ((),), "nice probe")
+    return int(client.submit(tile_exec.run_tile, meta, pure=False).result())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_tile_tasks_run_at_the_task_nice_value():
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    with dfdl.LocalCluster(1, threads_per_worker=2) as cluster, Client(cluster) as client:
+        assert _nice_of_a_tile_task(client) == base + worker_setup.TASK_NICE
+        # the worker's event loop (client.run runs there) keeps the process's value
+        (loop,) = client.run(_task_thread_nice).values()
+        assert int(loop) == base
+    with (
+        dask.config.set({"dfdl.worker.task-nice": 3}),
+        dfdl.LocalCluster(1, threads_per_worker=1) as cluster,
+        Client(cluster) as client,
+    ):
+        assert _nice_of_a_tile_task(client) == base + 3
