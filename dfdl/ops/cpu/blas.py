@@ -13,11 +13,13 @@ Which library runs is chosen once per process, at its first product, from
 found and PyTorch is not imported in the process, else numpy), ``mkl`` (MKL or an
 error) or ``numpy``. PyTorch links its own MKL: once this one is loaded, PyTorch's
 GEMMs in the same process ran on one thread (2048 x 4096 x 4096 on 2 threads: 171
-against 347 GFLOP/s), so ``auto`` leaves a process that runs PyTorch alone. (Workers
-that Dask spawns from a script re-run its top-level imports: a script that imports
-torch at the top gets numpy in its embedded cluster's workers too; import torch inside
-a function, or set ``DFDL_BLAS=mkl``.) MKL is loaded lazily for the same reason: a
-client process that only builds graphs (the workers run the products) never loads it.
+against 347 GFLOP/s), and MKL crashed on a bad argument where PyTorch was loaded
+first. So a process that imported torch runs on numpy (``auto``) or stops with an
+error (``mkl``). Workers that Dask spawns from a script re-run its top-level imports:
+a script that imports torch at the top gets numpy in its embedded cluster's workers
+too; import torch inside a function instead. MKL is loaded lazily for the same reason:
+a client process that only builds graphs (the workers run the products) never loads
+it.
 
 All workers of a cluster should run the same library: the two sum in different
 orders, so their results differ in the last bits (runs stay bit-identical as long as
@@ -125,7 +127,7 @@ def _choice() -> str:
 
 def _load() -> _Mkl | None:
     choice = _choice()
-    if choice == "numpy" or (choice == "auto" and "torch" in sys.modules):
+    if choice == "numpy":
         return None
     path = _find_mkl()
     if path is None:
@@ -134,6 +136,16 @@ def _load() -> _Mkl | None:
                 f"{ENV}=mkl but Intel MKL's libmkl_rt was not found: "
                 "install it with `pip install dfdl[mkl]` (or `pip install mkl`), "
                 f"or set {ENV}=auto"
+            )
+        return None
+    if "torch" in sys.modules:
+        if choice == "mkl":
+            raise DfdlError(
+                f"{ENV}=mkl in a process that imported torch: PyTorch's own MKL and this "
+                "one take each other's symbols (PyTorch's GEMMs ran on one thread, and MKL "
+                f"crashed on a bad argument). Set {ENV}=auto (numpy here), or keep torch "
+                "out of this process: dfdl's workers import what the script imports at its "
+                "top level"
             )
         return None
     try:

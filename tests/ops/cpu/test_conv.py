@@ -15,6 +15,8 @@ installed, on MKL (every product, however small).
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -71,6 +73,8 @@ def test_kernel_matches_reference_in_each_layout(case, layout, library, monkeypa
     if library == "mkl":  # every product on MKL, however small
         if blas._find_mkl() is None:
             pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
+        if "torch" in sys.modules:  # see tests/ops/cpu/test_blas.py
+            pytest.skip("torch is imported here; a fresh process runs the MKL tests")
         monkeypatch.setenv(blas.ENV, "mkl")
         monkeypatch.setattr(blas, "_MKL", blas._load())
         monkeypatch.setattr(blas, "MIN_WORK", 1)
