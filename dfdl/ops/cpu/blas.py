@@ -75,6 +75,10 @@ def _record_rejection(name, info, _length) -> None:
     _rejected.last = (name.decode(errors="replace").strip(), info[0])
 
 
+# one handler for the process's life: MKL keeps the pointer, so it must never be freed
+_XERBLA_HANDLER = _XERBLA(_record_rejection)
+
+
 def _raise_rejected(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
     """Raises when MKL rejected the arguments of this thread's last call."""
     got = getattr(_rejected, "last", None)
@@ -97,8 +101,7 @@ class _Mkl:
         lib.MKL_Set_Threading_Layer(_MKL_THREADING_SEQUENTIAL)
         # MKL reports a bad argument through xerbla (by default: a line on stdout, the
         # output left unwritten); this one records it for :func:`_raise_rejected`
-        self._xerbla = _XERBLA(_record_rejection)
-        lib.mkl_set_xerbla(self._xerbla)
+        lib.mkl_set_xerbla(_XERBLA_HANDLER)
         i, p = ctypes.c_int, ctypes.c_void_p
         self.gemm = {}
         self.batch = {}

@@ -1,6 +1,8 @@
 """dfdl.ops.cpu.blas: products against a float64 numpy reference for every operand
 layout, MKL taking the layouts it can read in place, and the choice of library."""
 
+import ctypes
+import gc
 import importlib.util
 import os
 import subprocess
@@ -290,3 +292,21 @@ def test_matrix_product_ops_match_their_reference_on_mkl(case, monkeypatch):
 
 def test_every_matrix_product_op_has_cases_here():
     assert {c.op for c in LINALG_CASES} == {"Gemm", "MatMul", "MatMulGradB"}
+
+
+@needs_mkl
+def test_the_rejection_handler_outlives_every_loaded_library_object():
+    """MKL keeps the handler's address: one freed with its library object left MKL
+    calling whatever ctypes put there next (CI: a segfault)."""
+    for _ in range(3):
+        blas._load()  # each registers the handler, then is dropped
+    gc.collect()
+    others = [ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(abs) for _ in range(64)]
+    c = np.zeros((64, 80), np.float32)
+    gemm = blas._lib().gemm[np.dtype(np.float32)]
+    gemm(
+        101, 111, 111, 64, 80, 96, 1.0, A.ctypes.data, 96, B.ctypes.data, 80, 0.0, c.ctypes.data, 10
+    )
+    with pytest.raises(DfdlError, match="argument 14"):
+        blas._raise_rejected(A, B, c)
+    assert len(others) == 64
