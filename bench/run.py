@@ -130,7 +130,7 @@ def matmul_gflops(n: int = 4096, repeat: int = 3) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def dfdl_matmul_gflops(n: int = 4096, repeat: int = 3) -> float:
+def dfdl_matmul_gflops(n: int = 4096, repeat: int = 5) -> float:
     """GFLOP/s of dfdl's own CPU matmul (:mod:`dfdl.ops.cpu.blas`) as its workers run
     it: with MKL (sequential), one float32 n x n product per core at once, best of
     ``repeat``; with numpy's BLAS, :func:`matmul_gflops` (all cores on one product)."""
