@@ -118,7 +118,6 @@ class _Mkl:
                 fb.argtypes = [i, i, i, i, i, i, real, p, i, i, p, i, i, real, p, i, i, i]
                 fb.restype = None
                 self.batch[np.dtype(dtype)] = fb
-        self.path = path
 
 
 def _choice() -> str:
@@ -204,12 +203,9 @@ def _operand(x: np.ndarray) -> tuple[int, int] | None:
 
 
 def _out_ld(c: np.ndarray) -> int | None:
-    item = c.itemsize
-    rows, cols = c.shape
-    s0, s1 = c.strides
-    if (s1 == item or cols == 1) and s0 % item == 0 and (rows == 1 or s0 >= cols * item):
-        return max(s0 // item if rows > 1 else cols, cols, 1)
-    return None
+    """Leading dimension of an output BLAS writes in place (row-major only), else None."""
+    got = _operand(c)
+    return got[1] if got is not None and got[0] == _NO_TRANS else None
 
 
 def _usable(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:

@@ -17,12 +17,21 @@ from dfdl.ops.cpu import blas
 from tests.ops.test_registry import CASES, assert_matches
 
 
-@pytest.fixture
-def mkl(monkeypatch):
-    """MKL for this test (skipped where it is not installed)."""
+def use_mkl(monkeypatch):
+    """MKL for this test. Skipped where it is not installed, and in a process that
+    imported torch, where test_mkl_tests_pass_in_a_process_without_torch runs it."""
     if blas._find_mkl() is None:
         pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
-    _with_mkl(monkeypatch)
+    if "torch" in sys.modules:
+        pytest.skip("torch is imported here; a fresh process runs the MKL tests")
+    monkeypatch.setenv(blas.ENV, "mkl")
+    if blas._MKL is blas._UNSET or blas._MKL is None:
+        monkeypatch.setattr(blas, "_MKL", blas._load())
+
+
+@pytest.fixture
+def mkl(monkeypatch):
+    use_mkl(monkeypatch)
 
 
 needs_mkl = pytest.mark.usefixtures("mkl")
@@ -30,24 +39,12 @@ needs_mkl = pytest.mark.usefixtures("mkl")
 
 @pytest.fixture(params=["mkl", "numpy"])
 def backend(request, monkeypatch):
-    """Runs a test with MKL (skipped where it is not installed) and with numpy's BLAS."""
-    if request.param == "mkl" and blas._find_mkl() is None:
-        pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
+    """Runs a test with MKL (skipped where it cannot run) and with numpy's BLAS."""
     if request.param == "mkl":
-        _with_mkl(monkeypatch)
+        use_mkl(monkeypatch)
     else:
         monkeypatch.setattr(blas, "_MKL", None)
     return request.param
-
-
-def _with_mkl(monkeypatch):
-    """MKL for this test; skipped in a process that imported torch, where
-    test_mkl_tests_pass_in_a_process_without_torch runs them."""
-    if "torch" in sys.modules:
-        pytest.skip("torch is imported here; a fresh process runs the MKL tests")
-    monkeypatch.setenv(blas.ENV, "mkl")
-    if blas._MKL is blas._UNSET or blas._MKL is None:
-        monkeypatch.setattr(blas, "_MKL", blas._load())
 
 
 RNG = np.random.default_rng(0)

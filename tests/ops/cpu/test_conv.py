@@ -15,13 +15,12 @@ installed, on MKL (every product, however small).
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
 from dfdl.ops import REGISTRY
 from dfdl.ops.cpu import blas, conv, conv_direct
+from tests.ops.cpu.test_blas import use_mkl
 from tests.ops.test_registry import CASES, assert_matches
 
 CONV_OPS = ("Conv", "ConvTranspose", "ConvGradInput", "ConvGradWeight")
@@ -71,12 +70,7 @@ def test_every_conv_op_has_cases_here():
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: c.name())
 def test_kernel_matches_reference_in_each_layout(case, layout, library, monkeypatch):
     if library == "mkl":  # every product on MKL, however small
-        if blas._find_mkl() is None:
-            pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
-        if "torch" in sys.modules:  # see tests/ops/cpu/test_blas.py
-            pytest.skip("torch is imported here; a fresh process runs the MKL tests")
-        monkeypatch.setenv(blas.ENV, "mkl")
-        monkeypatch.setattr(blas, "_MKL", blas._load())
+        use_mkl(monkeypatch)
         monkeypatch.setattr(blas, "MIN_WORK", 1)
     else:
         monkeypatch.setattr(blas, "_MKL", None)
