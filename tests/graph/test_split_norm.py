@@ -1,6 +1,6 @@
 """Split training-mode BatchNormalization (dfdl.graph.split_norm): the rewritten training
 step computes the fused one's numbers, tiles over batch and space, and the planner uses
-it when whole-channel BatchNorm tasks do not fit."""
+it when whole-channel BatchNorm tasks do not fit or automatic tiles split the batch."""
 
 from __future__ import annotations
 
@@ -107,3 +107,33 @@ def test_planner_splits_batch_norm_when_whole_channels_would_need_many_more_task
     # without a memory limit, or with explicit tiles, the graph is left whole
     assert _whole(plan_training(tg)[0])
     assert _whole(plan_training(tg, {"batch": 2, "model": 4, "space": 2}, memory_limit=limit)[0])
+
+
+def _resnet_training(batch: int):
+    """A one-stage ResNet's training graph for ``batch`` 3x32x32 images (1 MiB a tile
+    of its first activation at batch 8)."""
+    graph = to_ir(dfdl.models.resnet(image_size=32, stem=8, stages=(8,), blocks_per_stage=1))
+    return build_training_graph(
+        graph,
+        {"x": TensorType((batch, 3, 32, 32), np.dtype("float32"))},
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9),
+        labels=TensorType((batch,), np.dtype("int64")),
+    )
+
+
+def test_automatic_batch_tiles_split_batch_norm():
+    tg = _resnet_training(batch=64)
+    one, one_plan = plan_training(tg, cores=1)
+    assert _whole(one) and one_plan.tiles["batch"] == 1 and "split_norms" not in one_plan.tiles
+    split, plan = plan_training(tg, cores=2)
+    assert plan.tiles == {"batch": 2, "model": 1, "split_norms": 1}
+    assert not _whole(split) and "BatchNormApply" in {n.op_type for n in split.graph.nodes}
+    # every BatchNormalization task now keeps the batch tiles of its activations
+    applies = [p for p in plan.nodes if p.node.op_type == "BatchNormApply"]
+    assert applies and all(p.n_tiles() == 2 for p in applies)
+    # given back, the tiles repeat it; explicit tiles without the key keep it whole
+    again, replan = plan_training(tg, plan.tiles, cores=2)
+    assert replan.tiles == plan.tiles and not _whole(again)
+    assert _whole(plan_training(tg, {"batch": 2}, cores=2)[0])
+    assert _whole(plan_training(tg, {"batch": 2, "split_norms": 0}, cores=2)[0])
