@@ -174,6 +174,68 @@ def test_a_contraction_is_not_absorbed_where_it_would_wait_for_a_sibling():
     assert _values(fused, ["s"]) == {"s": 9.0}
 
 
+def _activation_read_again_later():
+    """x -> t -> u -> v -> w -> r: t (an activation) is read by u and again by r, four
+    levels later (a backward-pass reader)."""
+    return {
+        "x": DataNode("x", 3.0),
+        "t": _t("t", operator.add, "x", 1.0),  # 4, level 1
+        "u": _t("u", operator.mul, "t", 10.0),  # 40, level 2
+        "v": _t("v", operator.add, "u", 1.0),  # 41
+        "w": _t("w", operator.add, "v", 1.0),  # 42
+        "r": _t("r", operator.sub, "w", "t"),  # 38, level 5
+        "s": _t("s", operator.add, "r", "u"),  # 78: reads u too
+    }
+
+
+def test_a_light_value_read_again_later_runs_inside_its_first_reader():
+    dsk = _activation_read_again_later()
+    plain = fuse_into_consumers(dsk, keep=["s"], light=lambda k: k in ("v", "w", "r"))
+    assert "t" in plain and "u" in plain  # t not light: a task of its own
+    fused = fuse_into_consumers(dsk, keep=["s"], light=bool)
+    assert "t" not in fused and "u" in fused
+    # u's task returns (u, t); its readers take their part
+    assert get_sync(fused, "u") == (40.0, 4.0)
+    assert _values(fused, ["s"]) == _values(plain, ["s"]) == _values(dsk, ["s"]) == {"s": 78.0}
+
+
+def test_a_light_value_is_carried_only_past_late_readers_and_first_inputs():
+    light = bool
+    # its second reader comes right after u: it would wait for u
+    early = {**_activation_read_again_later(), "e": _t("e", operator.neg, "t")}
+    early["s"] = _t("s", operator.add, "r", "e")
+    assert "t" in fuse_into_consumers(early, keep=["s"], light=light)
+    # u is requested: its value must stay u's
+    assert "t" in fuse_into_consumers(_activation_read_again_later(), keep=["s", "u"], light=light)
+    # u also waits for a value of t's level: t would be serialised behind it
+    sibling = {**_activation_read_again_later(), "z": _t("z", operator.neg, "x")}
+    sibling["u"] = _t("u", operator.add, "t", "z")
+    fused = fuse_into_consumers(sibling, keep=["s"], light=lambda k: k != "z")
+    assert "t" in fused
+    assert _values(fused, ["s"]) == _values(sibling, ["s"])
+
+
+def _total(*values):
+    return sum(values)
+
+
+def test_carried_values_chain_through_successive_readers():
+    dsk = {
+        "x": DataNode("x", 3.0),
+        "t": _t("t", operator.add, "x", 1.0),  # 4
+        "u": _t("u", operator.mul, "t", 10.0),  # 40: carries t
+        "t2": _t("t2", operator.add, "u", 1.0),  # 41: reads the carrier, carried by u2
+        "u2": _t("u2", operator.mul, "t2", 2.0),  # 82
+        "v": _t("v", operator.add, "u2", 1.0),
+        "w": _t("w", operator.add, "v", 1.0),  # 84
+        "r": _t("r", _total, "w", "t", "u", "t2", "u2"),
+    }
+    fused = fuse_into_consumers(dsk, keep=["r"], light=bool)
+    assert not {"t", "t2"} & set(fused)
+    assert get_sync(fused, "u2") == (82.0, 41.0)
+    assert _values(fused, ["r"]) == _values(dsk, ["r"]) == {"r": 84.0 + 4.0 + 40.0 + 41.0 + 82.0}
+
+
 def test_data_nodes_are_not_fused():
     dsk = {"x": DataNode("x", np.arange(3)), "s": _t("s", np.sum, "x")}
     assert set(fuse_into_consumers(dsk, keep=["s"])) == {"x", "s"}
@@ -186,7 +248,7 @@ def resnet_like():
     )
 
 
-def _train(model, client, fuse: bool, monkeypatch):
+def _train(model, client, fuse: bool, monkeypatch, tiles=None):
     from distributed import get_task_stream
 
     monkeypatch.setattr(train_module, "FUSE_TASKS", fuse)
@@ -196,7 +258,8 @@ def _train(model, client, fuse: bool, monkeypatch):
     with get_task_stream(client) as ts:
         res = dfdl.train(
             model, (x, y), optimizer=dfdl.optim.Adam(lr=1e-2), batch_size=8, steps=3,
-            shuffle=False, client=client, progress=False, tiles={"batch": 2, "model": 1},
+            shuffle=False, client=client, progress=False,
+            tiles=tiles or {"batch": 2, "model": 1},
         )  # fmt: skip
     return res, len(ts.data)
 
@@ -209,3 +272,17 @@ def test_fused_training_is_bit_identical_with_fewer_tasks(client, resnet_like, m
     for k, v in plain.params.items():
         np.testing.assert_array_equal(fused.params[k], v, err_msg=k)
     assert n_fused < 0.9 * n_plain, (n_fused, n_plain)  # measured: 353 of 422
+
+
+def test_carrying_activations_is_bit_identical_with_fewer_tasks(client, resnet_like, monkeypatch):
+    import dfdl.graph.fuse as fuse
+
+    tiles = {"batch": 2, "model": 1, "split_norms": 1}
+    monkeypatch.setattr(fuse, "CARRY", False)
+    plain, n_plain = _train(resnet_like, client, True, monkeypatch, tiles)
+    monkeypatch.setattr(fuse, "CARRY", True)
+    carried, n_carried = _train(resnet_like, client, True, monkeypatch, tiles)
+    assert carried.history["loss"] == plain.history["loss"]
+    for k, v in plain.params.items():
+        np.testing.assert_array_equal(carried.params[k], v, err_msg=k)
+    assert n_carried < n_plain, (n_carried, n_plain)
