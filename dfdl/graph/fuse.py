@@ -41,14 +41,16 @@ first reader ``u`` (``_carriers``): ``u``'s task runs ``t`` first and returns
 ``(u's value, t's value)``, and each reader of either takes its part inside its own
 task. Without that, every such activation (a normalization's output, which the next
 convolution reads now and its weight gradient reads later) is a task of its own and a
-round trip before the next layer can start. Taken where the other readers come at
-least two levels after ``u``, so none of them waits for ``u`` in practice, and ``u``'s
-other inputs come from lower levels than ``t``. Steps with it against without
+round trip before the next layer can start. ``u`` may be carried in turn, so a chain
+of them runs as one task that returns all their values. Taken where the other readers
+come at least two levels after ``u``, so none of them waits for ``u`` in practice, and
+``u``'s other inputs come from lower levels than ``t``. Steps with it against without
 (``python bench/ab.py WORKLOAD dfdl.graph.fuse.CARRY --b False``, 3 alternating rounds,
-same losses): ResNet 1.081 against 1.132 s, U-Net 1.386 against 1.421 s, MLP 0.825
-against 0.848 s, transformer 2.470 against 2.475 s.
-Fusion changes neither values nor their order of evaluation within a tile, only which
-task they run in: results are bit for bit those of the unfused graph.
+same losses): ResNet 1.130 against 1.196 s, transformer 2.283 against 2.430 s, U-Net
+1.367 against 1.411 s, MLP 0.866 against 0.863 s. Tried and dropped: also merging the
+per-tile BatchNorm moments inside every reader and carrying each convolution inside
+its moments task (one task per layer and tile): U-Net 1.509 against 1.345 s, with 19%
+more worker CPU; transformer 2.395 against 2.312; ResNet 1.083 against 1.106.
 
 Example:
     >>> dsk = fuse_into_consumers(dsk, keep=wanted)  # doctest: +SKIP
@@ -148,62 +150,76 @@ def fuse_into_consumers(
     carried = {}
     if light is not None and CARRY:
         carried = _carriers(dsk, keep, deps, readers, level, absorbed, light)
+
+    def carrier(t):  # the task whose value carries ``t``'s
+        while t in carried:
+            t = carried[t]
+        return t
+
+    chains: dict = {}  # carrier -> the tasks it carries, producers first
+    slot: dict = {}  # task -> (its carrier, its index in the carrier's value)
+    for t in order:
+        if t in carried:
+            c = carrier(t)
+            chains.setdefault(c, []).append(t)
+            slot[t] = (c, len(chains[c]))
+    slot.update((c, (c, 0)) for c in chains)
+
     out = {}
     for k, node in dsk.items():
         if k in absorbed or k in carried:
             continue
         inner = [dsk[t] for t in members.get(k, ())]
-        if k in carried.values():  # also hands on the light task it runs first
-            (t,) = [t for t, u in carried.items() if u == k]
-            inner = [dsk[m] for m in members.get(t, ())] + [dsk[t]] + inner + [node]
-            node = Task(_pair_key(k), _pair, TaskRef(k), TaskRef(t))
+        if k in chains:  # runs the tasks it carries first, returns all their values
+            chain = chains[k]
+            inner = [dsk[a] for m in chain for a in (*members.get(m, ()), m)] + inner + [node]
+            node = Task(_pack_key(k), _pack, TaskRef(k), *(TaskRef(m) for m in chain))
         out[k] = Task.fuse(*inner, node, key=k) if inner else node
-    if carried:
-        subs: dict = {}  # task of a reader -> its substitutions
+    if slot:
 
         def task_of(r):  # the key of the task ``r`` runs in
-            r = root(r)
-            return carried.get(r, r)
+            return carrier(root(r))
 
-        for t, u in carried.items():
-            for r in readers[u]:
-                subs.setdefault(task_of(r), {})[u] = Task(u, operator.getitem, TaskRef(u), 0)
-            for r in readers[t]:
-                if r != u:
-                    subs.setdefault(task_of(r), {})[t] = Task(t, operator.getitem, TaskRef(u), 1)
+        subs: dict = {}  # reader -> its substitutions
+        for v, (c, i) in slot.items():
+            for r in readers[v]:
+                if task_of(r) != c:
+                    subs.setdefault(r, {})[v] = Task(v, operator.getitem, TaskRef(c), i)
+        by_task: dict = {}
         for r, sub in subs.items():
+            by_task.setdefault(task_of(r), {}).update(sub)
+        for r, sub in by_task.items():
             out[r] = out[r].substitute(sub)
     return out
 
 
-def _pair_key(k):
-    """The inner key of a carrying task's ``(value, carried)`` step."""
-    return ("pair",) + (k if isinstance(k, tuple) else (k,))
+def _pack_key(k):
+    """The inner key of a carrying task's last step, which packs the values."""
+    return ("carried",) + (k if isinstance(k, tuple) else (k,))
 
 
-def _pair(value, carried):
-    """A consumer's value and the light producer value it hands on (see ``_carriers``)."""
-    return value, carried
+def _pack(value, *carried):
+    """A task's value and the values of the tasks it carries (see ``_carriers``)."""
+    return (value, *carried)
 
 
 def _carriers(dsk, keep, deps, readers, level, absorbed, light) -> dict:
-    """Light tasks ``t`` that run inside their first reader ``u`` although later tasks
-    also read them: ``{t: u}``. ``u``'s task then returns ``(u's value, t's value)`` and
-    every reader of either takes its part, so the chain ``t -> u`` costs no round trip.
-    Taken where ``t`` is light and not requested, ``u`` is the one reader of the lowest
-    level, every other reader comes at least two levels after ``u`` (a backward-pass
-    reader of a forward activation), and ``u``'s other inputs come from lower levels
-    than ``t`` (as for single-reader fusion). ``t``'s tile then lives as long as
-    ``u``'s, which in a training step is about as long as it lived anyway."""
+    """Tasks ``t`` that run inside their first reader ``u`` although later tasks also
+    read them: ``{t: u}``. ``u``'s task then returns ``(u's value, t's value, ...)``
+    and every reader of either takes its part, so the chain ``t -> u`` costs no round
+    trip; ``u`` may itself be carried further, and carry several tasks. Taken where
+    ``t`` is light and not requested, ``u`` is the one reader of the lowest level, every
+    other reader comes at least two levels after ``u`` (a backward-pass reader of a
+    forward activation), and ``u``'s other inputs come from lower levels than ``t``
+    (as for single-reader fusion). ``t``'s tile then lives as long as ``u``'s, which
+    in a training step is about as long as it lived anyway."""
     carried: dict = {}
     for t in sorted((k for k in dsk if k not in absorbed), key=level.__getitem__):
         rs = readers[t]
         if t in keep or type(dsk[t]) is not Task or len(rs) < 2 or not light(t):
             continue
-        if t in carried.values():
-            continue
         u = min(rs, key=level.__getitem__)
-        if u in keep or u in absorbed or u in carried or u in carried.values():
+        if u in keep or u in absorbed or u in carried or type(dsk[u]) is not Task:
             continue
         if any(type(dsk[r]) is not Task for r in (*rs, *readers[u])):
             continue  # readers that are not plain tasks (aliases) keep their keys
