@@ -52,6 +52,16 @@ per-tile BatchNorm moments inside every reader and carrying each convolution ins
 its moments task (one task per layer and tile): U-Net 1.509 against 1.345 s, with 19%
 more worker CPU; transformer 2.395 against 2.312; ResNet 1.083 against 1.106.
 
+A light task read at once by two contractions, right after a merge of several tiles'
+partial sums (the input gradient of a split BatchNorm, read by the convolution's
+weight and input gradients after the per-channel sums of every tile), runs inside
+both (``_duplicated``): a second pass over a light tile instead of a round trip at the
+point where every thread waits. ``python bench/ab.py WORKLOAD
+dfdl.graph.fuse.DUPLICATE --b False``: ResNet 1.022 against 1.079 s, U-Net 1.345
+against 1.345 s (the transformer and the MLP have no such task). Without the merge
+condition it also took the attention's light gradients in the transformer: 2.316
+against 2.169 s, 9% more worker CPU, so it is kept to the point where it pays.
+
 Example:
     >>> dsk = fuse_into_consumers(dsk, keep=wanted)  # doctest: +SKIP
 """
@@ -69,6 +79,10 @@ from dask.task_spec import Task, TaskRef
 LIGHT_BYTES = 40 << 20
 #: whether a light task with later readers runs inside its first reader (``_carriers``)
 CARRY = True
+#: whether a light task read by a few tasks at once runs inside each (``_duplicated``)
+DUPLICATE = True
+#: the most readers a duplicated task runs in
+MAX_COPIES = 2
 
 
 def _levels(deps: Mapping[Hashable, set]) -> tuple[list, dict]:
@@ -165,6 +179,9 @@ def fuse_into_consumers(
             slot[t] = (c, len(chains[c]))
     slot.update((c, (c, 0)) for c in chains)
 
+    twice = set()
+    if light is not None and DUPLICATE:
+        twice = _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays)
     out = {}
     for k, node in dsk.items():
         if k in absorbed or k in carried:
@@ -175,7 +192,7 @@ def fuse_into_consumers(
             inner = [dsk[a] for m in chain for a in (*members.get(m, ()), m)] + inner + [node]
             node = Task(_pack_key(k), _pack, TaskRef(k), *(TaskRef(m) for m in chain))
         out[k] = Task.fuse(*inner, node, key=k) if inner else node
-    if slot:
+    if slot or twice:
 
         def task_of(r):  # the key of the task ``r`` runs in
             return carrier(root(r))
@@ -188,9 +205,50 @@ def fuse_into_consumers(
         by_task: dict = {}
         for r, sub in subs.items():
             by_task.setdefault(task_of(r), {}).update(sub)
+        for t in (k for k in order if k in twice):  # producers first
+            node = out.pop(t).substitute(by_task.pop(t, {}))
+            for r in readers[t]:
+                by_task.setdefault(task_of(r), {})[t] = node
         for r, sub in by_task.items():
             out[r] = out[r].substitute(sub)
     return out
+
+
+def _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays) -> set:
+    """Light tasks that each of their few readers runs again inside its own task:
+    they read a merge of one level's values (``_joins``), and every reader is a
+    contraction that comes right after them (one level up) and waits for nothing else
+    of their level. A gradient that two tasks read at once (a BatchNorm's input
+    gradient, read by the convolution's weight and input gradients) then costs a
+    second pass over a light tile instead of a round trip before either reader can
+    start."""
+    return {
+        t
+        for t, node in dsk.items()
+        if type(node) is Task
+        and t not in keep
+        and t not in absorbed
+        and t not in carried
+        and t not in carried.values()
+        and 2 <= len(readers[t]) <= MAX_COPIES
+        and light(t)
+        and stays is not None
+        and any(_joins(d, deps, level) for d in deps[t])
+        and all(
+            type(dsk[r]) is Task
+            and stays(r)
+            and level[r] == level[t] + 1
+            and all(level[v] < level[t] for v in deps[r] if v != t)
+            for r in readers[t]
+        )
+    }
+
+
+def _joins(k, deps, level) -> bool:
+    """Whether ``k`` merges values of one level (partial sums of several tiles): what
+    reads it waits for all of them, with every thread idle at the round trip after."""
+    ls = [level[d] for d in deps[k]]
+    return len(ls) >= 2 and len(set(ls)) < len(ls)
 
 
 def _pack_key(k):

@@ -65,7 +65,10 @@ def test_light_siblings_run_inside_their_consumer():
     assert _values(both, ["s"]) == _values(one, ["s"]) == {"s": 9.0}
 
 
-def test_light_does_not_override_readers_keep_or_stays():
+def test_light_does_not_override_readers_keep_or_stays(monkeypatch):
+    import dfdl.graph.fuse as fuse
+
+    monkeypatch.setattr(fuse, "DUPLICATE", False)  # a's readers would both run it
     dsk = {
         "x": DataNode("x", 2.0),
         "a": _t("a", operator.neg, "x"),  # two readers
@@ -213,6 +216,48 @@ def test_a_light_value_is_carried_only_past_late_readers_and_first_inputs():
     fused = fuse_into_consumers(sibling, keep=["s"], light=lambda k: k != "z")
     assert "t" in fused
     assert _values(fused, ["s"]) == _values(sibling, ["s"])
+
+
+def _gradient_read_twice():
+    """g (a light gradient, right after the merge s of two tiles' partial sums) is read
+    at once by dw and dx, which wait for nothing else."""
+    return {
+        "x": DataNode("x", 2.0),
+        "w": DataNode("w", 3.0),
+        "p1": _t("p1", operator.mul, "x", 2.0),
+        "p2": _t("p2", operator.mul, "x", 3.0),
+        "s": _t("s", operator.add, "p1", "p2"),  # 10, a merge
+        "g": _t("g", operator.mul, "s", "x"),  # 20
+        "dw": _t("dw", operator.mul, "g", "x"),  # 40
+        "dx": _t("dx", operator.mul, "g", "w"),  # 60
+    }
+
+
+def _reads_twice(dsk, keep, light=lambda k: k == "g", stays=lambda k: k in ("dw", "dx")):
+    """Whether g runs inside both its readers."""
+    fused = fuse_into_consumers(dsk, keep=keep, light=light, stays=stays)
+    assert _values(fused, keep) == _values(dsk, keep)
+    return "g" not in fused
+
+
+def test_a_light_value_read_by_two_contractions_at_once_runs_in_both():
+    dsk = _gradient_read_twice()
+    assert _reads_twice(dsk, ["dw", "dx"])
+    assert _values(dsk, ["dw", "dx"]) == {"dw": 40.0, "dx": 60.0}
+    # not light, requested, or read by a task that is not a contraction: g stays
+    assert not _reads_twice(dsk, ["dw", "dx"], light=lambda k: False)
+    assert not _reads_twice(dsk, ["dw", "dx", "g"])
+    assert not _reads_twice(dsk, ["dw", "dx"], stays=lambda k: k == "dw")
+    # a reader that waits for another value of g's level: g stays
+    late = {**dsk, "h": _t("h", operator.neg, "s")}
+    late["dx"] = _t("dx", operator.add, "g", "h")
+    assert not _reads_twice(late, ["dw", "dx"])
+    # more readers than MAX_COPIES: g stays
+    three = {**dsk, "dz": _t("dz", operator.neg, "g")}
+    assert not _reads_twice(three, ["dw", "dx", "dz"], stays=lambda k: k[0] == "d")
+    # g does not follow a merge (its readers do not start at a point where all wait)
+    after_one = {**dsk, "g": _t("g", operator.mul, "p1", "x")}
+    assert not _reads_twice(after_one, ["dw", "dx"])
 
 
 def _total(*values):
