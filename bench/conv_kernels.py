@@ -7,7 +7,8 @@ each layout (``channels_first``: im2col over image rows; ``channels_last``: the 
 :mod:`dfdl.ops.cpu.conv_direct`, on the shapes they can run whatever their channel
 limits; ``auto``: what it picks) and, when
 torch is installed, ``torch.nn.functional.conv{2,3}d`` and its input and weight
-gradients (``torch.nn.grad``), all on one thread (numpy's BLAS limited with
+gradients (``torch.nn.grad``, timed in a process of its own, so that PyTorch's MKL and
+dfdl's do not share one), all on one thread (numpy's BLAS limited with
 threadpoolctl, ``torch.set_num_threads(1)``): the per-task rate of a worker thread.
 GFLOP/s count 2 per multiply-add of the forward convolution (the gradients have the
 same count). Prints a table and writes JSON. A benchmark, not a test.
@@ -21,12 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from dfdl.ops.cpu import conv, conv_direct
+from dfdl.ops.cpu import blas, conv, conv_direct
 
 #: (name, X shape, W shape, stride): ResNet tiles (batch 128 in 2 tiles) and U-Net tiles
 SHAPES = [
@@ -100,6 +103,8 @@ def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float] | None
 
 
 def torch_rates(x, w, stride: int, repeat: int) -> dict[str, float] | None:
+    """Seconds per call of PyTorch's convolution and its two gradients (None without
+    torch). Call it in a process of its own (:func:`torch_rates_apart`)."""
     try:
         import torch
     except ImportError:
@@ -118,11 +123,31 @@ def torch_rates(x, w, stride: int, repeat: int) -> dict[str, float] | None:
         }
 
 
+def _torch_all(repeat: int) -> dict[str, dict[str, float] | None]:
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, xs, ws, stride in SHAPES:
+        x = rng.standard_normal(xs, dtype=np.float32)
+        w = rng.standard_normal(ws, dtype=np.float32)
+        out[name] = torch_rates(x, w, stride, repeat)
+    return out
+
+
+def torch_rates_apart(repeat: int) -> dict[str, dict[str, float] | None]:
+    """:func:`torch_rates` of every shape, in a fresh process: PyTorch links its own MKL,
+    and with both in one process dfdl's MKL products ran on numpy instead
+    (``DFDL_BLAS=auto``) or the two libraries took each other's symbols."""
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(_torch_all, repeat).result()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    torch_results = torch_rates_apart(args.repeat)
     rng = np.random.default_rng(0)
     rows = []
     print(f"{'shape':<18} {'backend':<15} {'fwd':>6} {'dW':>6} {'dX':>6}  GFLOP/s, one thread")
@@ -135,7 +160,7 @@ def main() -> None:
         flops = 2 * xs[0] * ws[0] * math.prod(ws[1:]) * out_positions
         with threadpool_limits(1):
             results = {lay: dfdl_rates(x, w, attrs, lay, args.repeat) for lay in LAYOUTS}
-            results["torch"] = torch_rates(x, w, stride, args.repeat)
+        results["torch"] = torch_results[name]
         for backend, secs in results.items():
             if secs is None:
                 continue
@@ -144,9 +169,10 @@ def main() -> None:
             print(f"{name:<18} {backend:<15} {cells}")
             rows.append({"shape": name, "x": xs, "w": ws, "stride": stride, "backend": backend,
                          "seconds": secs, "gflop_per_s": rate})  # fmt: skip
+    print(f"dfdl's BLAS: {blas.backend()}; PyTorch timed in a process of its own")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"repeat": args.repeat, "results": rows}, f, indent=1)
+            json.dump({"repeat": args.repeat, "blas": blas.backend(), "results": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
