@@ -163,7 +163,7 @@ def fuse_into_consumers(
 
     carried = {}
     if light is not None and CARRY:
-        carried = _carriers(dsk, keep, deps, readers, level, absorbed, light)
+        carried = _carriers(dsk, keep, deps, readers, order, level, absorbed, light)
 
     def carrier(t):  # the task whose value carries ``t``'s
         while t in carried:
@@ -180,7 +180,7 @@ def fuse_into_consumers(
     slot.update((c, (c, 0)) for c in chains)
 
     twice = set()
-    if light is not None and DUPLICATE:
+    if light is not None and stays is not None and DUPLICATE:
         twice = _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays)
     out = {}
     for k, node in dsk.items():
@@ -232,7 +232,6 @@ def _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays
         and t not in carried.values()
         and 2 <= len(readers[t]) <= MAX_COPIES
         and light(t)
-        and stays is not None
         and any(_joins(d, deps, level) for d in deps[t])
         and all(
             type(dsk[r]) is Task
@@ -261,7 +260,7 @@ def _pack(value, *carried):
     return (value, *carried)
 
 
-def _carriers(dsk, keep, deps, readers, level, absorbed, light) -> dict:
+def _carriers(dsk, keep, deps, readers, order, level, absorbed, light) -> dict:
     """Tasks ``t`` that run inside their first reader ``u`` although later tasks also
     read them: ``{t: u}``. ``u``'s task then returns ``(u's value, t's value, ...)``
     and every reader of either takes its part, so the chain ``t -> u`` costs no round
@@ -272,7 +271,7 @@ def _carriers(dsk, keep, deps, readers, level, absorbed, light) -> dict:
     (as for single-reader fusion). ``t``'s tile then lives as long as ``u``'s, which
     in a training step is about as long as it lived anyway."""
     carried: dict = {}
-    for t in sorted((k for k in dsk if k not in absorbed), key=level.__getitem__):
+    for t in (k for k in order if k not in absorbed):  # producers before readers
         rs = readers[t]
         if t in keep or type(dsk[t]) is not Task or len(rs) < 2 or not light(t):
             continue

@@ -266,25 +266,20 @@ def plan_norms(
             if not splittable(fused.graph, e.node or ""):
                 raise
         else:
-            if tiles is None and _regathers_for_norms(plan):
-                # whole-channel tasks would re-tile every normalized activation from
-                # batch (or space) tiles to channel tiles and back
-                split_tg = tg.split_batch_norms()
-                try:
-                    split_plan = split_tg.plan(None, cores=cores, memory_limit=memory_limit)
-                except MemoryPlanError:
-                    return fused, plan
-                return _mark_split(split_tg, split_plan)
-            if tiles is not None or memory_limit is None or not _refined_for_norms(plan):
+            # with batch (or space) tiles, whole-channel tasks re-tile every normalized
+            # activation from batch tiles to channel tiles and back; under a memory limit
+            # they may have made the planner split the channels finely, where split
+            # passes over batch and space may need far fewer tasks
+            regathers = tiles is None and _regathers_for_norms(plan)
+            refined = tiles is None and memory_limit is not None and _refined_for_norms(plan)
+            if not (regathers or refined):
                 return fused, plan
-            # whole-channel BatchNorm tasks made the planner split the channels finely;
-            # split passes over batch and space may need far fewer tasks
             split_tg = tg.split_batch_norms()
             try:
                 split_plan = split_tg.plan(None, cores=cores, memory_limit=memory_limit)
             except MemoryPlanError:
                 return fused, plan
-            if split_plan.n_tasks() > SPLIT_NORMS_GAIN * plan.n_tasks():
+            if not regathers and split_plan.n_tasks() > SPLIT_NORMS_GAIN * plan.n_tasks():
                 return fused, plan
             return _mark_split(split_tg, split_plan)
     tg = tg.split_batch_norms()
