@@ -260,6 +260,66 @@ def test_a_light_value_read_by_two_contractions_at_once_runs_in_both():
     assert not _reads_twice(after_one, ["dw", "dx"])
 
 
+def _partials_of_two_tiles():
+    """c1, c2 (contractions, one per tile) -> light partials q1, q2 -> their merge m;
+    n1 reads its tile and the merge (a normalization's apply), r reads c1 much later."""
+    return {
+        "x": DataNode("x", 2.0),
+        "c1": _t("c1", operator.mul, "x", 3.0),  # 6, level 1
+        "c2": _t("c2", operator.mul, "x", 5.0),  # 10
+        "q1": _t("q1", operator.add, "c1", 1.0),  # 7, level 2
+        "q2": _t("q2", operator.add, "c2", 1.0),  # 11
+        "m": _t("m", operator.add, "q1", "q2"),  # 18, level 3: a merge
+        "n1": _t("n1", operator.sub, "c1", "m"),  # -12
+        "n2": _t("n2", operator.sub, "c2", "m"),  # -8
+        "z": _t("z", operator.neg, "n1"),
+        "r": _t("r", _total, "z", "n2", "c1"),  # 12 - 8 + 6
+    }
+
+
+def _at_producer(dsk, stays=lambda k: k in ("c1", "c2"), keep=("r",)):
+    """The fused graph, checked against the plain one."""
+    fused = fuse_into_consumers(dsk, keep=list(keep), light=lambda k: k[0] in "qmn", stays=stays)
+    assert _values(fused, list(keep)) == _values(dsk, list(keep))
+    return fused
+
+
+def test_a_light_partial_of_a_merge_runs_inside_the_contraction_it_reads():
+    dsk = _partials_of_two_tiles()
+    assert _values(dsk, ["r"]) == {"r": 10.0}
+    fused = _at_producer(dsk)
+    assert not {"q1", "q2"} & set(fused) and {"c1", "c2", "m"} <= set(fused)
+    assert get_sync(fused, "c1") == (6.0, 7.0)  # c1's task returns its partial too
+    # the merge reads both tiles' partials, so the merge is what waits: without the
+    # rule the partials run one after the other inside it
+    import dfdl.graph.fuse as fuse
+
+    old = fuse.PARTIALS_AT_PRODUCER
+    try:
+        fuse.PARTIALS_AT_PRODUCER = False
+        plain = _at_producer(dsk)
+    finally:
+        fuse.PARTIALS_AT_PRODUCER = old
+    assert get_sync(plain, "c1") == 6.0 and not {"q1", "q2"} & set(plain)
+
+
+def test_a_partial_stays_out_of_producers_that_are_light_requested_or_read_early():
+    def carried(fused):
+        return isinstance(get_sync(fused, "c1"), tuple)
+
+    dsk = _partials_of_two_tiles()
+    assert carried(_at_producer(dsk))
+    assert not carried(_at_producer(dsk, stays=lambda k: False))  # not a contraction
+    assert not carried(_at_producer(dsk, keep=("r", "c1")))  # c1's value is requested
+    # a reader of c1 right after it that does not wait for the merge: it would wait
+    early = {**dsk, "e": _t("e", operator.neg, "c1")}
+    early["r"] = _t("r", _total, "z", "n2", "e")
+    assert not carried(_at_producer(early))
+    # the partial's one reader is not a merge of several tiles
+    single = {**dsk, "m": _t("m", operator.add, "q1", 1.0), "n2": _t("n2", operator.neg, "c2")}
+    assert not carried(_at_producer(single))
+
+
 def _total(*values):
     return sum(values)
 
@@ -331,3 +391,16 @@ def test_carrying_activations_is_bit_identical_with_fewer_tasks(client, resnet_l
     for k, v in plain.params.items():
         np.testing.assert_array_equal(carried.params[k], v, err_msg=k)
     assert n_carried < n_plain, (n_carried, n_plain)
+
+
+def test_partials_at_their_producers_are_bit_identical(client, resnet_like, monkeypatch):
+    import dfdl.graph.fuse as fuse
+
+    tiles = {"batch": 2, "model": 1, "split_norms": 1}
+    monkeypatch.setattr(fuse, "PARTIALS_AT_PRODUCER", False)
+    plain, _ = _train(resnet_like, client, True, monkeypatch, tiles)
+    monkeypatch.setattr(fuse, "PARTIALS_AT_PRODUCER", True)
+    moved, _ = _train(resnet_like, client, True, monkeypatch, tiles)
+    assert moved.history["loss"] == plain.history["loss"]
+    for k, v in plain.params.items():
+        np.testing.assert_array_equal(moved.params[k], v, err_msg=k)
