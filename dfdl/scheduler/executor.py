@@ -9,6 +9,7 @@ from dfdl.errors import DfdlError
 from dfdl.graph.lower import lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
 from dfdl.ops.tile_exec import TileError
+from dfdl.scheduler import submit
 
 #: tiles larger than this are scattered to the workers instead of embedded in the graph
 SCATTER_BYTES = 1 * 2**20
@@ -63,7 +64,7 @@ def execute(plan: Plan, feeds: dict[str, np.ndarray], client, *, step: int = 0) 
     values = {}
     if want:
         try:
-            got = client.get(dsk, want, sync=True)
+            got = submit.get(client, dsk, want, sync=True)
         except TileError:
             raise
         except DfdlError:

@@ -27,6 +27,7 @@ from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, t
 from dfdl.graph.tiling import Plan
 from dfdl.graph.training import TrainingGraph
 from dfdl.ops import lookup
+from dfdl.scheduler import submit
 from dfdl.scheduler.cluster import byte_batches, transfer_budget
 
 #: batch tiles above this size are scattered rather than embedded in the graph
@@ -216,7 +217,7 @@ def run_steps(
             small=_small_contractions(used.values(), token),
         )
     t1 = time.perf_counter()
-    futures = dict(zip(wanted, client.get(dsk, wanted, sync=False)))
+    futures = dict(zip(wanted, submit.get(client, dsk, wanted, sync=False)))
     if timings is not None:
         timings["graph_s"] = timings.get("graph_s", 0.0) + t1 - t0
         timings["submit_s"] = timings.get("submit_s", 0.0) + time.perf_counter() - t1
