@@ -9,6 +9,11 @@ measured with ``py-spy`` on the ResNet benchmark, 45% of the training loop's CPU
 (about 76 ms per step) went to it. :func:`get` names the expression with a random
 token instead and goes through the same public ``Client.get``.
 
+It also keeps Dask's "Sending large graph" warning quiet: dfdl embeds batch tiles of up
+to :data:`dfdl.scheduler.trainer.EMBED_BYTES` in the graphs of several steps on purpose
+(larger ones are scattered), so the warning's advice to load the data with Dask does
+not apply to what a user wrote.
+
 Example:
     >>> futures = get(client, dsk, ["y"])  # doctest: +SKIP
 """
@@ -17,6 +22,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
+
+import dask
 
 #: whether graphs are submitted under a random name (False: ``Client.get``'s own hash)
 PRETOKENIZED = True
@@ -51,4 +58,5 @@ def get(client, dsk: Mapping, keys: Sequence[Hashable], sync: bool = False):
         [2]
     """
     graph = _expression(dsk) if PRETOKENIZED else dsk
-    return client.get(graph, list(keys), sync=sync)
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 TiB"}):
+        return client.get(graph, list(keys), sync=sync)

@@ -44,3 +44,15 @@ def test_every_graph_gets_a_name_of_its_own():
     a, b = submit._expression(_graph()), submit._expression(_graph())
     assert a._name != b._name  # equal graphs, distinct submissions
     assert a.deterministic_token.startswith("dfdl-")
+
+
+def test_no_large_graph_warning_for_embedded_tiles(client, recwarn):
+    import dask
+    import numpy as np
+
+    dsk = {"x": DataNode("x", np.ones(2**18)), "s": Task("s", np.sum, TaskRef("x"))}
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 KiB"}):
+        assert submit.get(client, dsk, ["s"], sync=True) == [2**18]
+        assert not [w for w in recwarn if "large graph" in str(w.message)]
+        with pytest.warns(UserWarning, match="large graph"):  # the check can fail
+            client.get(dsk, ["s"], sync=True)
