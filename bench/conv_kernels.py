@@ -5,7 +5,9 @@ For the convolution shapes of the zoo's ResNet and 3-D U-Net tiles, times (best 
 each layout (``channels_first``: im2col over image rows; ``channels_last``: the path
 :mod:`dfdl.ops.cpu.conv` takes for small images; ``direct``: the stencil kernels of
 :mod:`dfdl.ops.cpu.conv_direct`, on the shapes they can run whatever their channel
-limits; ``auto``: what it picks) and, when
+limits; ``winograd``: the F(2x2, 3x3) kernels of :mod:`dfdl.ops.cpu.winograd`, on
+the shapes they take, with the other arms' weight gradients; ``auto``: what it picks;
+every other arm runs with Winograd off) and, when
 torch is installed, ``torch.nn.functional.conv{2,3}d`` and its input and weight
 gradients (``torch.nn.grad``, timed in a process of its own, so that PyTorch's MKL and
 dfdl's do not share one), all on one thread (numpy's BLAS limited with
@@ -29,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from dfdl.ops.cpu import blas, conv, conv_direct
+from dfdl.ops.cpu import blas, conv, conv_direct, winograd
 
 #: (name, X shape, W shape, stride): ResNet tiles (batch 128 in 2 tiles) and U-Net tiles
 SHAPES = [
@@ -46,7 +48,7 @@ SHAPES = [
     ("unet3d level 3", (1, 64, 16, 16, 16), (64, 64, 3, 3, 3), 1),
 ]
 
-LAYOUTS = ("channels_first", "channels_last", "direct", "auto")
+LAYOUTS = ("channels_first", "channels_last", "direct", "winograd", "auto")
 
 
 def best_of(fn, repeat: int) -> float:
@@ -65,8 +67,15 @@ def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float] | None
     real_cl, real_direct = conv._cl_samples, conv_direct.applies
     names = ("MIN_CHANNELS", "MAX_CHANNEL_PRODUCT", "MAX_GRID_WASTE", "MIN_POSITIONS")
     limits = {k: getattr(conv_direct, k) for k in names}
+    winograd_on = winograd.ENABLED
     if layout != "auto":
         conv_direct.applies = lambda *a: False
+        winograd.ENABLED = layout == "winograd"
+    if layout == "winograd":
+        nd = x.ndim - 2
+        geo = (attrs["strides"], [1] * nd, 1, attrs["pads"][:nd], attrs["pads"][nd:])
+        if not winograd.applies(x.shape, w.shape, *geo, x.dtype):
+            layout = None
     if layout == "channels_first":
         conv._cl_samples = lambda *a: 0
     elif layout == "channels_last":
@@ -98,6 +107,7 @@ def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float] | None
         }
     finally:
         conv._cl_samples, conv_direct.applies = real_cl, real_direct
+        winograd.ENABLED = winograd_on
         for k, v in limits.items():
             setattr(conv_direct, k, v)
 

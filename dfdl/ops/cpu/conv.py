@@ -9,6 +9,11 @@ The cols buffer is built in blocks of at most ``COLS_BYTES`` (several samples at
 when images are small, a range of output rows when they are large), so the temporary
 stays bounded whatever the tile size. float32/float64 only; other dtypes use the numpy
 forward.
+
+Two geometries take other kernels first: the stride-1 3x3 stencils of
+:mod:`dfdl.ops.cpu.conv_direct` (few channels, large images: the 3-D U-Net), then
+Winograd F(2x2, 3x3) (:mod:`dfdl.ops.cpu.winograd`: 2-D, 3x3, stride 1, pad 1, float32,
+at least 16 channels: the ResNet's stages), for the forward and the input gradient.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from dfdl.ops.cpu import conv_direct
+from dfdl.ops.cpu import conv_direct, winograd
 from dfdl.ops.cpu.blas import matmul
 
 #: upper bound on one im2col/col2im buffer (bytes)
@@ -226,6 +231,20 @@ def _direct(geo, x_shape, w_shape, group, dtype) -> bool:
     )
 
 
+def _winograd(geo, x_shape, w_shape, group, dtype) -> bool:
+    """Whether the forward geometry ``geo`` takes :mod:`dfdl.ops.cpu.winograd`."""
+    return winograd.applies(
+        x_shape,
+        w_shape,
+        geo.strides,
+        geo.dilations,
+        group,
+        geo.pads_begin,
+        geo.pads_end,
+        dtype,
+    )
+
+
 def _supported(X, W, B) -> bool:
     return (
         X.dtype in _FLOATS
@@ -264,6 +283,11 @@ def conv_cpu(
         y = conv_direct.conv(np.ascontiguousarray(X), W, geo.pads_begin, geo.pads_end)
         if B is not None:
             y += B.reshape((1, -1) + (1,) * (X.ndim - 2))
+        return y
+    if _winograd(geo, X.shape, W.shape, group, X.dtype):
+        y = winograd.conv(X, np.ascontiguousarray(W))
+        if B is not None:
+            y += B.reshape(1, -1, 1, 1)
         return y
     n, c = X.shape[:2]
     m = W.shape[0]
@@ -456,6 +480,11 @@ def _scatter(X, W, group, kernel, strides, dilations, pads_begin, out) -> np.nda
     return y
 
 
+def _same_attrs(geo) -> tuple:
+    """(strides, dilations, group, pads_begin, pads_end) of ``geo``, one group."""
+    return geo.strides, geo.dilations, 1, geo.pads_begin, geo.pads_end
+
+
 def _grad_attrs(auto_pad, dilations, kernel_shape, pads, strides) -> dict:
     return {
         "auto_pad": auto_pad,
@@ -490,6 +519,12 @@ def conv_grad_input_cpu(
         return conv_direct.conv_grad_input(
             np.ascontiguousarray(dY), W, geo.pads_begin, geo.pads_end, shape[2:]
         )
+    if _winograd(geo, shape, W.shape, group, dY.dtype) and winograd.applies(
+        dY.shape, (W.shape[1], W.shape[0], 3, 3), *_same_attrs(geo), dY.dtype
+    ):
+        # dX of a 3x3 stride-1 pad-1 conv: the same conv of dY with W flipped, C <-> C_out
+        flipped = np.ascontiguousarray(W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+        return winograd.conv(dY, flipped).reshape(shape)
     # dX is the transposed convolution of dY with the same W, pads and strides
     y = _scatter(dY, W, group, geo.kernel, geo.strides, geo.dilations, geo.pads_begin, shape[2:])
     return y.reshape(shape)

@@ -1,0 +1,203 @@
+"""Winograd F(2x2, 3x3) convolution: 3x3, stride-1, pad-1 2-D convolutions in 2.25x
+fewer multiplications than im2col + GEMM.
+
+Every 2x2 block of outputs ("tile") reads a 4x4 patch of the input. The patch and the
+filter are transformed (``V = B^T d B``, ``U = G g G^T``, both 4x4), multiplied
+position by position and summed over the input channels, which for all tiles at once
+is 16 GEMMs ``(tiles x C) @ (C x C_out)``, and transformed back (``Y = A^T M A``).
+The GEMMs do 16/36 of im2col's multiply-adds; the transforms are a few additions per
+value, run by numba on blocks of :data:`BLOCK_BYTES`, so they stay in cache between
+the two transforms and the batched GEMM.
+
+Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks" (2016). The
+result differs from the direct sum by rounding only (the transforms' coefficients are
+0, ±1 and ±1/2); dfdl's tests compare it with im2col at float32 tolerance.
+
+A convolution's input gradient with these attributes is the same kind of convolution
+(of dY with the flipped, transposed filter), so ``dfdl.ConvGradInput`` uses it too.
+Weight gradients keep im2col + GEMM.
+
+Example:
+    >>> x = np.ones((1, 16, 4, 4), np.float32)
+    >>> w = np.ones((16, 16, 3, 3), np.float32)
+    >>> float(conv(x, w)[0, 0, 1, 1]), float(conv(x, w)[0, 0, 0, 0])
+    (144.0, 64.0)
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from dfdl.ops.cpu.blas import matmul
+
+#: whether 3x3 stride-1 convolutions take this path (``applies``)
+ENABLED = True
+#: fewest input and output channels: with fewer, the 16 GEMMs are too thin to pay
+MIN_CHANNELS = 16
+#: bytes of transformed input per block of tiles (the GEMMs' left operand)
+BLOCK_BYTES = 4 << 20
+#: fewest tiles per block (the GEMMs' rows), whatever the channels
+MIN_BLOCK_TILES = 64
+
+
+def applies(x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, dtype) -> bool:
+    """Whether a Conv with these attributes runs here: 2-D, 3x3 kernel, stride 1,
+    dilation 1, one group, one pixel of padding on every side, float32, and at least
+    :data:`MIN_CHANNELS` input and output channels.
+
+    Example:
+        >>> applies((8, 64, 16, 16), (64, 64, 3, 3), [1, 1], [1, 1], 1, [1, 1], [1, 1],
+        ...         np.float32)
+        True
+    """
+    return (
+        ENABLED
+        and len(x_shape) == 4
+        and tuple(w_shape[2:]) == (3, 3)
+        and list(strides) == [1, 1]
+        and list(dilations) == [1, 1]
+        and group == 1
+        and list(pads_begin) == [1, 1]
+        and list(pads_end) == [1, 1]
+        and np.dtype(dtype) == np.float32
+        and x_shape[1] >= MIN_CHANNELS
+        and w_shape[0] >= MIN_CHANNELS
+    )
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _filter_transform(w, u):
+    """``u[:, m, c] = G g G^T`` (the 4x4 flattened) of every filter ``g = w[m, c]``
+    (``w`` as (C_out, C, 9)), vectorized over the input channels."""
+    n_m, n_c = w.shape[:2]
+    t = np.empty((4, 3, n_c), w.dtype)
+    for o in range(n_m):
+        for j in range(3):  # G g: the columns of each filter
+            for c in range(n_c):
+                g0, g1, g2 = w[o, c, j], w[o, c, 3 + j], w[o, c, 6 + j]
+                t[0, j, c] = g0
+                t[1, j, c] = 0.5 * (g0 + g1 + g2)
+                t[2, j, c] = 0.5 * (g0 - g1 + g2)
+                t[3, j, c] = g2
+        for a in range(4):  # (G g) G^T
+            for c in range(n_c):
+                r0, r1, r2 = t[a, 0, c], t[a, 1, c], t[a, 2, c]
+                u[4 * a + 0, o, c] = r0
+                u[4 * a + 1, o, c] = 0.5 * (r0 + r1 + r2)
+                u[4 * a + 2, o, c] = 0.5 * (r0 - r1 + r2)
+                u[4 * a + 3, o, c] = r2
+
+
+def _filters(w: np.ndarray) -> np.ndarray:
+    """``U = G g G^T`` of every (C_out, C) filter as (16, C, C_out) (a transposed view of
+    a (16, C_out, C) array): the GEMMs' right operands, one per transform position."""
+    m, c = w.shape[:2]
+    u = np.empty((16, m, c), w.dtype)
+    _filter_transform(np.ascontiguousarray(w).reshape(m, c, 9), u)
+    return u.transpose(0, 2, 1)
+
+
+def _pad_channels_last(x: np.ndarray, xp: np.ndarray) -> None:
+    """``xp[s, 1 + i, 1 + j, c] = x[s, c, i, j]``, zero everywhere else."""
+    h, w = x.shape[2:]
+    xp[:, 0] = 0
+    xp[:, h + 1 :] = 0
+    xp[:, 1 : h + 1, 0] = 0
+    xp[:, 1 : h + 1, w + 1 :] = 0
+    xp[:, 1 : h + 1, 1 : w + 1] = x.transpose(0, 2, 3, 1)
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _input_transform(xp, t0, t1, th, tw, v):
+    """``v[:, t - t0, :] = B^T d B`` for tiles ``t0:t1`` (tile t: sample t // (th*tw),
+    tile row and column within it), d the 4x4 patch of ``xp`` (N, Hp, Wp, C) at
+    (2 * row, 2 * col), vectorized over the channels."""
+    c = xp.shape[3]
+    per = th * tw
+    d = np.empty((4, 4, c), xp.dtype)
+    e = np.empty((4, 4, c), xp.dtype)
+    for t in range(t0, t1):
+        s = t // per
+        r = 2 * ((t % per) // tw)
+        q = 2 * ((t % per) % tw)
+        for a in range(4):
+            for b in range(4):
+                for ch in range(c):
+                    d[a, b, ch] = xp[s, r + a, q + b, ch]
+        # rows: B^T d
+        for b in range(4):
+            for ch in range(c):
+                d0, d1, d2, d3 = d[0, b, ch], d[1, b, ch], d[2, b, ch], d[3, b, ch]
+                e[0, b, ch] = d0 - d2
+                e[1, b, ch] = d1 + d2
+                e[2, b, ch] = d2 - d1
+                e[3, b, ch] = d1 - d3
+        # columns: (B^T d) B
+        k = t - t0
+        for a in range(4):
+            for ch in range(c):
+                e0, e1, e2, e3 = e[a, 0, ch], e[a, 1, ch], e[a, 2, ch], e[a, 3, ch]
+                v[4 * a + 0, k, ch] = e0 - e2
+                v[4 * a + 1, k, ch] = e1 + e2
+                v[4 * a + 2, k, ch] = e2 - e1
+                v[4 * a + 3, k, ch] = e1 - e3
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _output_transform(mm, t0, t1, th, tw, y):
+    """``y``'s 2x2 blocks of tiles ``t0:t1`` from ``A^T M A``, ``mm`` (16, tiles, C_out)
+    the GEMMs' products; blocks past ``y``'s edge (odd sizes) are cut."""
+    m = mm.shape[2]
+    h, w = y.shape[2], y.shape[3]
+    per = th * tw
+    f = np.empty((2, 4, m), mm.dtype)
+    for t in range(t0, t1):
+        s = t // per
+        r = 2 * ((t % per) // tw)
+        q = 2 * ((t % per) % tw)
+        k = t - t0
+        # rows: A^T M
+        for b in range(4):
+            for o in range(m):
+                m0, m1 = mm[b, k, o], mm[4 + b, k, o]
+                m2, m3 = mm[8 + b, k, o], mm[12 + b, k, o]
+                f[0, b, o] = m0 + m1 + m2
+                f[1, b, o] = m1 - m2 - m3
+        for a in range(2):
+            if r + a >= h:
+                continue
+            for o in range(m):
+                f0, f1, f2, f3 = f[a, 0, o], f[a, 1, o], f[a, 2, o], f[a, 3, o]
+                y[s, o, r + a, q] = f0 + f1 + f2
+                if q + 1 < w:
+                    y[s, o, r + a, q + 1] = f1 - f2 - f3
+
+
+def conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """3x3 convolution, stride 1, one pixel of zero padding, no bias: ``x`` (N, C, H, W),
+    ``w`` (C_out, C, 3, 3) -> (N, C_out, H, W).
+
+    Example:
+        >>> conv(np.ones((1, 16, 2, 2), np.float32), np.ones((16, 16, 3, 3), np.float32)
+        ...      )[0, 0].tolist()
+        [[64.0, 64.0], [64.0, 64.0]]
+    """
+    n, c, h, wd = x.shape
+    m = w.shape[0]
+    th, tw = (h + 1) // 2, (wd + 1) // 2
+    tiles = n * th * tw
+    xp = np.empty((n, 2 * th + 2, 2 * tw + 2, c), x.dtype)
+    _pad_channels_last(x, xp)
+    u = _filters(w)
+    y = np.empty((n, m, h, wd), x.dtype)
+    block = min(tiles, max(MIN_BLOCK_TILES, BLOCK_BYTES // (16 * c * x.itemsize)))
+    v = np.empty((16, block, c), x.dtype)
+    mm = np.empty((16, block, m), x.dtype)
+    for t0 in range(0, tiles, block):
+        t1 = min(t0 + block, tiles)
+        k = t1 - t0
+        _input_transform(xp, t0, t1, th, tw, v)
+        matmul(v[:, :k], u, out=mm[:, :k])
+        _output_transform(mm, t0, t1, th, tw, y)
+    return y

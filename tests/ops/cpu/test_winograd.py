@@ -1,0 +1,114 @@
+"""Winograd F(2x2, 3x3) convolutions (``dfdl.ops.cpu.winograd``).
+
+The forward and the input gradient are checked against the registry's numpy forwards
+(independent of the CPU kernels) at float32 tolerance, over even and odd image sizes,
+channel counts that are not powers of two, one sample and several blocks of tiles;
+``applies`` must take only the geometry the transforms are written for, and the CPU
+kernels must route ResNet-like convolutions here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dfdl.ops import REGISTRY
+from dfdl.ops.cpu import conv, winograd
+
+CONV, GRAD_INPUT = REGISTRY["Conv"], REGISTRY["dfdl.ConvGradInput"]
+
+#: (id, X shape, C_out)
+SHAPES = [
+    ("even", (2, 16, 8, 8), 16),
+    ("odd_rows_and_columns", (3, 17, 7, 9), 19),
+    ("one_pixel", (2, 16, 1, 1), 16),
+    ("one_sample_wide", (1, 32, 5, 12), 48),
+    ("resnet_stage", (4, 64, 16, 16), 64),
+]
+
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def _data(xs, m, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal((m, xs[1], 3, 3)) / np.sqrt(9 * xs[1])).astype(np.float32)
+    return x, w
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
+def test_forward_matches_the_reference(shape):
+    _, xs, m = shape
+    x, w = _data(xs, m)
+    np.testing.assert_allclose(winograd.conv(x, w), CONV.forward(x, w, pads=[1] * 4), **TOL)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
+def test_cpu_kernels_route_here_and_match(shape, monkeypatch):
+    _, xs, m = shape
+    x, w = _data(xs, m)
+    b = np.random.default_rng(2).standard_normal(m).astype(np.float32)
+    attrs = {"pads": [1] * 4}
+    y = conv.conv_cpu(x, w, b, **attrs)
+    np.testing.assert_allclose(y, CONV.forward(x, w, b, **attrs), **TOL)
+    dy = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
+    dx = conv.conv_grad_input_cpu(dy, w, input_shape=xs, **attrs)
+    np.testing.assert_allclose(dx, GRAD_INPUT.forward(dy, w, input_shape=xs, **attrs), **TOL)
+    # with the path off, the same numbers come from im2col (and the check could fail)
+    monkeypatch.setattr(winograd, "ENABLED", False)
+    np.testing.assert_allclose(conv.conv_cpu(x, w, b, **attrs), y, **TOL)
+    dx_plain = conv.conv_grad_input_cpu(dy, w, input_shape=xs, **attrs)
+    np.testing.assert_allclose(dx_plain, dx, **TOL)
+
+
+def test_blocks_of_tiles_cover_every_tile(monkeypatch):
+    x, w = _data((3, 16, 9, 7), 16)
+    whole = winograd.conv(x, w)
+    monkeypatch.setattr(winograd, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(winograd, "MIN_BLOCK_TILES", 7)  # 75 tiles: 11 blocks, one short
+    np.testing.assert_array_equal(winograd.conv(x, w), whole)
+
+
+def test_kernels_are_called_for_resnet_convolutions(monkeypatch):
+    calls = []
+    real = winograd.conv
+
+    def spy(x, w):
+        calls.append(x.shape)
+        return real(x, w)
+
+    monkeypatch.setattr(winograd, "conv", spy)
+    x, w = _data((2, 64, 8, 8), 64)
+    conv.conv_cpu(x, w, pads=[1] * 4)
+    conv.conv_grad_input_cpu(x, w, pads=[1] * 4, input_shape=x.shape)
+    assert calls == [x.shape, x.shape]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"x_shape": (2, 16, 8, 8, 8), "w_shape": (16, 16, 3, 3, 3)},  # 3-D
+        {"w_shape": (16, 16, 5, 5)},
+        {"strides": [2, 2]},
+        {"dilations": [2, 2]},
+        {"group": 2},
+        {"pads_begin": [0, 0], "pads_end": [0, 0]},
+        {"pads_end": [1, 0]},
+        {"dtype": np.float64},
+        {"x_shape": (2, 8, 8, 8)},  # too few input channels
+        {"w_shape": (8, 16, 3, 3)},  # too few output channels
+    ],
+)
+def test_applies_only_to_its_geometry(change):
+    args = {
+        "x_shape": (2, 16, 8, 8),
+        "w_shape": (16, 16, 3, 3),
+        "strides": [1, 1],
+        "dilations": [1, 1],
+        "group": 1,
+        "pads_begin": [1, 1],
+        "pads_end": [1, 1],
+        "dtype": np.float32,
+    }
+    assert winograd.applies(**args)
+    assert not winograd.applies(**{**args, **change})
