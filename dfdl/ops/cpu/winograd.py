@@ -14,8 +14,10 @@ result differs from the direct sum by rounding only (the transforms' coefficient
 0, ±1 and ±1/2); dfdl's tests compare it with im2col at float32 tolerance.
 
 A convolution's input gradient with these attributes is the same kind of convolution
-(of dY with the flipped, transposed filter), so ``dfdl.ConvGradInput`` uses it too.
-Weight gradients keep im2col + GEMM.
+(of dY with the flipped, transposed filter), so ``dfdl.ConvGradInput`` uses it too. The
+weight gradient (``dfdl.ConvGradWeight``) is the adjoint of the forward in the filter:
+the same input transform, the output gradient's tiles transformed by ``A dY A^T``, 16
+GEMMs that sum over the tiles, and ``G^T S G`` back to 3x3 (:func:`conv_grad_weight`).
 
 Example:
     >>> x = np.ones((1, 16, 4, 4), np.float32)
@@ -201,3 +203,91 @@ def conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         matmul(v[:, :k], u, out=mm[:, :k])
         _output_transform(mm, t0, t1, th, tw, y)
     return y
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _gradient_transform(dyp, t0, t1, th, tw, g):
+    """``g[:, t - t0, :] = A dY A^T`` for tiles ``t0:t1``: the adjoint of the output
+    transform, dY the tile's 2x2 block of ``dyp`` (N, 2 * th, 2 * tw, C_out; zero past
+    the image), vectorized over the output channels. Each of the 16 rows of ``g`` is
+    written in one pass: stores that alternate between rows a plane apart evict each
+    other from the cache."""
+    m = dyp.shape[3]
+    per = th * tw
+    e = np.empty((4, 2, m), dyp.dtype)
+    for t in range(t0, t1):
+        s = t // per
+        r = 2 * ((t % per) // tw)
+        q = 2 * ((t % per) % tw)
+        k = t - t0
+        for b in range(2):  # rows: A dY (A = [[1, 0], [1, 1], [1, -1], [0, -1]])
+            for o in range(m):
+                y0, y1 = dyp[s, r, q + b, o], dyp[s, r + 1, q + b, o]
+                e[0, b, o] = y0
+                e[1, b, o] = y0 + y1
+                e[2, b, o] = y0 - y1
+                e[3, b, o] = -y1
+        for a in range(4):  # columns: (A dY) A^T
+            for o in range(m):
+                g[4 * a + 0, k, o] = e[a, 0, o]
+            for o in range(m):
+                g[4 * a + 1, k, o] = e[a, 0, o] + e[a, 1, o]
+            for o in range(m):
+                g[4 * a + 2, k, o] = e[a, 0, o] - e[a, 1, o]
+            for o in range(m):
+                g[4 * a + 3, k, o] = -e[a, 1, o]
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _weight_transform(s, dw):
+    """``dw[m, c] = G^T S G`` (3x3) of every ``S = s[:, m, c]`` (4x4 flattened): the
+    adjoint of the filter transform."""
+    n_m, n_c = s.shape[1], s.shape[2]
+    t = np.empty((3, 4, n_c), s.dtype)
+    for o in range(n_m):
+        for b in range(4):  # G^T S: the columns of S
+            for c in range(n_c):
+                s0, s1, s2, s3 = s[b, o, c], s[4 + b, o, c], s[8 + b, o, c], s[12 + b, o, c]
+                t[0, b, c] = s0 + 0.5 * (s1 + s2)
+                t[1, b, c] = 0.5 * (s1 - s2)
+                t[2, b, c] = 0.5 * (s1 + s2) + s3
+        for i in range(3):  # (G^T S) G
+            for c in range(n_c):
+                r0, r1, r2, r3 = t[i, 0, c], t[i, 1, c], t[i, 2, c], t[i, 3, c]
+                dw[o, c, i, 0] = r0 + 0.5 * (r1 + r2)
+                dw[o, c, i, 1] = 0.5 * (r1 - r2)
+                dw[o, c, i, 2] = 0.5 * (r1 + r2) + r3
+
+
+def conv_grad_weight(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """Weight gradient of :func:`conv`: ``x`` (N, C, H, W), ``dy`` (N, C_out, H, W) ->
+    (C_out, C, 3, 3). The forward is linear in the filter, ``y = A^T [(G g G^T) ⊙ V] A``
+    per tile, so its adjoint is ``dg = G^T [Σ_tiles (A dY A^T) ⊙ V] G``: the same input
+    transform, 16 GEMMs that sum over the tiles (their long side), one inverse transform.
+
+    Example:
+        >>> x = np.ones((1, 16, 2, 2), np.float32)
+        >>> conv_grad_weight(x, np.ones((1, 16, 2, 2), np.float32))[0, 0].tolist()
+        [[1.0, 2.0, 1.0], [2.0, 4.0, 2.0], [1.0, 2.0, 1.0]]
+    """
+    n, c, h, wd = x.shape
+    m = dy.shape[1]
+    th, tw = (h + 1) // 2, (wd + 1) // 2
+    tiles = n * th * tw
+    xp = np.empty((n, 2 * th + 2, 2 * tw + 2, c), x.dtype)
+    _pad_channels_last(x, xp)
+    dyp = np.zeros((n, 2 * th, 2 * tw, m), x.dtype)  # dY channels-last, zero past its edge
+    dyp[:, :h, :wd] = dy.transpose(0, 2, 3, 1)
+    block = min(tiles, max(MIN_BLOCK_TILES, BLOCK_BYTES // (16 * max(c, m) * x.itemsize)))
+    v = np.empty((16, block, c), x.dtype)
+    g = np.empty((16, block, m), x.dtype)
+    s = np.zeros((16, m, c), x.dtype)
+    for t0 in range(0, tiles, block):
+        t1 = min(t0 + block, tiles)
+        k = t1 - t0
+        _input_transform(xp, t0, t1, th, tw, v)
+        _gradient_transform(dyp, t0, t1, th, tw, g)
+        matmul(g[:, :k].transpose(0, 2, 1), v[:, :k], out=s, accumulate=True)
+    dw = np.empty((m, c, 3, 3), x.dtype)
+    _weight_transform(s, dw)
+    return dw

@@ -1,6 +1,6 @@
 """Winograd F(2x2, 3x3) convolutions (``dfdl.ops.cpu.winograd``).
 
-The forward and the input gradient are checked against the registry's numpy forwards
+The forward and both gradients are checked against the registry's numpy forwards
 (independent of the CPU kernels) at float32 tolerance, over even and odd image sizes,
 channel counts that are not powers of two, one sample and several blocks of tiles;
 ``applies`` must take only the geometry the transforms are written for, and the CPU
@@ -15,7 +15,9 @@ import pytest
 from dfdl.ops import REGISTRY
 from dfdl.ops.cpu import conv, winograd
 
-CONV, GRAD_INPUT = REGISTRY["Conv"], REGISTRY["dfdl.ConvGradInput"]
+CONV, GRAD_INPUT, GRAD_WEIGHT = (
+    REGISTRY[k] for k in ("Conv", "dfdl.ConvGradInput", "dfdl.ConvGradWeight")
+)
 
 #: (id, X shape, C_out)
 SHAPES = [
@@ -44,6 +46,17 @@ def test_forward_matches_the_reference(shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
+def test_weight_gradient_matches_the_reference(shape):
+    _, xs, m = shape
+    x, _ = _data(xs, m)
+    dy = np.random.default_rng(3).standard_normal((xs[0], m, *xs[2:])).astype(np.float32)
+    ref = GRAD_WEIGHT.forward(x, dy, pads=[1] * 4, weight_shape=[m, xs[1], 3, 3])
+    # sums over up to 4 x 16 x 16 positions of magnitude ~1: compare to the largest value
+    scale = float(np.abs(ref).max())
+    np.testing.assert_allclose(winograd.conv_grad_weight(x, dy), ref, rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
 def test_cpu_kernels_route_here_and_match(shape, monkeypatch):
     _, xs, m = shape
     x, w = _data(xs, m)
@@ -54,6 +67,9 @@ def test_cpu_kernels_route_here_and_match(shape, monkeypatch):
     dy = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
     dx = conv.conv_grad_input_cpu(dy, w, input_shape=xs, **attrs)
     np.testing.assert_allclose(dx, GRAD_INPUT.forward(dy, w, input_shape=xs, **attrs), **TOL)
+    dw = conv.conv_grad_weight_cpu(x, dy, weight_shape=w.shape, **attrs)
+    ref = GRAD_WEIGHT.forward(x, dy, weight_shape=w.shape, **attrs)
+    np.testing.assert_allclose(dw, ref, rtol=1e-4, atol=1e-5 * float(np.abs(ref).max()))
     # with the path off, the same numbers come from im2col (and the check could fail)
     monkeypatch.setattr(winograd, "ENABLED", False)
     np.testing.assert_allclose(conv.conv_cpu(x, w, b, **attrs), y, **TOL)
@@ -64,9 +80,12 @@ def test_cpu_kernels_route_here_and_match(shape, monkeypatch):
 def test_blocks_of_tiles_cover_every_tile(monkeypatch):
     x, w = _data((3, 16, 9, 7), 16)
     whole = winograd.conv(x, w)
+    dw = winograd.conv_grad_weight(x, whole)
     monkeypatch.setattr(winograd, "BLOCK_BYTES", 1)
     monkeypatch.setattr(winograd, "MIN_BLOCK_TILES", 7)  # 75 tiles: 11 blocks, one short
     np.testing.assert_array_equal(winograd.conv(x, w), whole)
+    # the weight gradient sums the blocks in another order: equal to rounding
+    np.testing.assert_allclose(winograd.conv_grad_weight(x, whole), dw, rtol=1e-5, atol=1e-4)
 
 
 def test_kernels_are_called_for_resnet_convolutions(monkeypatch):
@@ -77,11 +96,19 @@ def test_kernels_are_called_for_resnet_convolutions(monkeypatch):
         calls.append(x.shape)
         return real(x, w)
 
+    real_dw = winograd.conv_grad_weight
+
+    def spy_dw(x, dy):
+        calls.append(("dW", x.shape))
+        return real_dw(x, dy)
+
     monkeypatch.setattr(winograd, "conv", spy)
+    monkeypatch.setattr(winograd, "conv_grad_weight", spy_dw)
     x, w = _data((2, 64, 8, 8), 64)
     conv.conv_cpu(x, w, pads=[1] * 4)
     conv.conv_grad_input_cpu(x, w, pads=[1] * 4, input_shape=x.shape)
-    assert calls == [x.shape, x.shape]
+    conv.conv_grad_weight_cpu(x, x, pads=[1] * 4, weight_shape=w.shape)
+    assert calls == [x.shape, x.shape, ("dW", x.shape)]
 
 
 @pytest.mark.parametrize(
