@@ -41,6 +41,10 @@ MIN_CHANNELS = 16
 BLOCK_BYTES = 4 << 20
 #: fewest tiles per block (the GEMMs' rows), whatever the channels
 MIN_BLOCK_TILES = 64
+#: bytes of padded channels-last copies (input, and dY for the weight gradient) made at
+#: once: samples are transformed in chunks of this size, so a kernel's temporaries stay
+#: a few MiB whatever the tile (the planner counts a task's outputs again, not its inputs)
+CHUNK_BYTES = 16 << 20
 
 
 def applies(x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, dtype) -> bool:
@@ -188,21 +192,38 @@ def conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     n, c, h, wd = x.shape
     m = w.shape[0]
     th, tw = (h + 1) // 2, (wd + 1) // 2
-    tiles = n * th * tw
-    xp = np.empty((n, 2 * th + 2, 2 * tw + 2, c), x.dtype)
-    _pad_channels_last(x, xp)
     u = _filters(w)
     y = np.empty((n, m, h, wd), x.dtype)
-    block = min(tiles, max(MIN_BLOCK_TILES, BLOCK_BYTES // (16 * c * x.itemsize)))
-    v = np.empty((16, block, c), x.dtype)
-    mm = np.empty((16, block, m), x.dtype)
-    for t0 in range(0, tiles, block):
-        t1 = min(t0 + block, tiles)
-        k = t1 - t0
-        _input_transform(xp, t0, t1, th, tw, v)
-        matmul(v[:, :k], u, out=mm[:, :k])
-        _output_transform(mm, t0, t1, th, tw, y)
+    v = mm = None
+    for n0, n1 in _chunks(n, (2 * th + 2) * (2 * tw + 2) * c * x.itemsize):
+        xp = np.empty((n1 - n0, 2 * th + 2, 2 * tw + 2, c), x.dtype)
+        _pad_channels_last(x[n0:n1], xp)
+        tiles = (n1 - n0) * th * tw
+        if v is None:
+            block = _block(tiles, c, x.itemsize)
+            v = np.empty((16, block, c), x.dtype)
+            mm = np.empty((16, block, m), x.dtype)
+        block = v.shape[1]
+        for t0 in range(0, tiles, block):
+            t1 = min(t0 + block, tiles)
+            k = t1 - t0
+            _input_transform(xp, t0, t1, th, tw, v)
+            matmul(v[:, :k], u, out=mm[:, :k])
+            _output_transform(mm, t0, t1, th, tw, y[n0:n1])
     return y
+
+
+def _chunks(n: int, sample_bytes: int) -> list[tuple[int, int]]:
+    """Ranges of samples whose padded copies take at most :data:`CHUNK_BYTES` (one
+    sample at least)."""
+    per = max(1, CHUNK_BYTES // max(1, sample_bytes))
+    return [(a, min(a + per, n)) for a in range(0, n, per)]
+
+
+def _block(tiles: int, channels: int, itemsize: int) -> int:
+    """Tiles per block: :data:`BLOCK_BYTES` of transformed values (at least
+    :data:`MIN_BLOCK_TILES`), at most ``tiles``."""
+    return min(tiles, max(MIN_BLOCK_TILES, BLOCK_BYTES // (16 * channels * itemsize)))
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
@@ -273,21 +294,26 @@ def conv_grad_weight(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     n, c, h, wd = x.shape
     m = dy.shape[1]
     th, tw = (h + 1) // 2, (wd + 1) // 2
-    tiles = n * th * tw
-    xp = np.empty((n, 2 * th + 2, 2 * tw + 2, c), x.dtype)
-    _pad_channels_last(x, xp)
-    dyp = np.zeros((n, 2 * th, 2 * tw, m), x.dtype)  # dY channels-last, zero past its edge
-    dyp[:, :h, :wd] = dy.transpose(0, 2, 3, 1)
-    block = min(tiles, max(MIN_BLOCK_TILES, BLOCK_BYTES // (16 * max(c, m) * x.itemsize)))
-    v = np.empty((16, block, c), x.dtype)
-    g = np.empty((16, block, m), x.dtype)
     s = np.zeros((16, m, c), x.dtype)
-    for t0 in range(0, tiles, block):
-        t1 = min(t0 + block, tiles)
-        k = t1 - t0
-        _input_transform(xp, t0, t1, th, tw, v)
-        _gradient_transform(dyp, t0, t1, th, tw, g)
-        matmul(g[:, :k].transpose(0, 2, 1), v[:, :k], out=s, accumulate=True)
+    v = g = None
+    sample_bytes = ((2 * th + 2) * (2 * tw + 2) * c + 4 * th * tw * m) * x.itemsize
+    for n0, n1 in _chunks(n, sample_bytes):
+        xp = np.empty((n1 - n0, 2 * th + 2, 2 * tw + 2, c), x.dtype)
+        _pad_channels_last(x[n0:n1], xp)
+        dyp = np.zeros((n1 - n0, 2 * th, 2 * tw, m), x.dtype)  # zero past the image's edge
+        dyp[:, :h, :wd] = dy[n0:n1].transpose(0, 2, 3, 1)
+        tiles = (n1 - n0) * th * tw
+        if v is None:
+            block = _block(tiles, max(c, m), x.itemsize)
+            v = np.empty((16, block, c), x.dtype)
+            g = np.empty((16, block, m), x.dtype)
+        block = v.shape[1]
+        for t0 in range(0, tiles, block):
+            t1 = min(t0 + block, tiles)
+            k = t1 - t0
+            _input_transform(xp, t0, t1, th, tw, v)
+            _gradient_transform(dyp, t0, t1, th, tw, g)
+            matmul(g[:, :k].transpose(0, 2, 1), v[:, :k], out=s, accumulate=True)
     dw = np.empty((m, c, 3, 3), x.dtype)
     _weight_transform(s, dw)
     return dw

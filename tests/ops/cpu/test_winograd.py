@@ -77,12 +77,13 @@ def test_cpu_kernels_route_here_and_match(shape, monkeypatch):
     np.testing.assert_allclose(dx_plain, dx, **TOL)
 
 
-def test_blocks_of_tiles_cover_every_tile(monkeypatch):
+def test_blocks_of_tiles_and_chunks_of_samples_cover_every_tile(monkeypatch):
     x, w = _data((3, 16, 9, 7), 16)
     whole = winograd.conv(x, w)
     dw = winograd.conv_grad_weight(x, whole)
     monkeypatch.setattr(winograd, "BLOCK_BYTES", 1)
     monkeypatch.setattr(winograd, "MIN_BLOCK_TILES", 7)  # 75 tiles: 11 blocks, one short
+    monkeypatch.setattr(winograd, "CHUNK_BYTES", 1)  # one sample at a time
     np.testing.assert_array_equal(winograd.conv(x, w), whole)
     # the weight gradient sums the blocks in another order: equal to rounding
     np.testing.assert_allclose(winograd.conv_grad_weight(x, whole), dw, rtol=1e-5, atol=1e-4)
