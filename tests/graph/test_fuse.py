@@ -379,28 +379,27 @@ def test_fused_training_is_bit_identical_with_fewer_tasks(client, resnet_like, m
     assert n_fused < 0.9 * n_plain, (n_fused, n_plain)  # measured: 353 of 422
 
 
-def test_carrying_activations_is_bit_identical_with_fewer_tasks(client, resnet_like, monkeypatch):
+def _switched(switch, client, model, monkeypatch):
+    """Training runs with ``dfdl.graph.fuse.<switch>`` off, then on: the two results and
+    task counts; their losses and weights must be the same bits."""
     import dfdl.graph.fuse as fuse
 
     tiles = {"batch": 2, "model": 1, "split_norms": 1}
-    monkeypatch.setattr(fuse, "CARRY", False)
-    plain, n_plain = _train(resnet_like, client, True, monkeypatch, tiles)
-    monkeypatch.setattr(fuse, "CARRY", True)
-    carried, n_carried = _train(resnet_like, client, True, monkeypatch, tiles)
-    assert carried.history["loss"] == plain.history["loss"]
-    for k, v in plain.params.items():
-        np.testing.assert_array_equal(carried.params[k], v, err_msg=k)
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(fuse, switch, on)
+        runs.append(_train(model, client, True, monkeypatch, tiles))
+    (off, n_off), (on, n_on) = runs
+    assert on.history["loss"] == off.history["loss"]
+    for k, v in off.params.items():
+        np.testing.assert_array_equal(on.params[k], v, err_msg=k)
+    return n_off, n_on
+
+
+def test_carrying_activations_is_bit_identical_with_fewer_tasks(client, resnet_like, monkeypatch):
+    n_plain, n_carried = _switched("CARRY", client, resnet_like, monkeypatch)
     assert n_carried < n_plain, (n_carried, n_plain)
 
 
 def test_partials_at_their_producers_are_bit_identical(client, resnet_like, monkeypatch):
-    import dfdl.graph.fuse as fuse
-
-    tiles = {"batch": 2, "model": 1, "split_norms": 1}
-    monkeypatch.setattr(fuse, "PARTIALS_AT_PRODUCER", False)
-    plain, _ = _train(resnet_like, client, True, monkeypatch, tiles)
-    monkeypatch.setattr(fuse, "PARTIALS_AT_PRODUCER", True)
-    moved, _ = _train(resnet_like, client, True, monkeypatch, tiles)
-    assert moved.history["loss"] == plain.history["loss"]
-    for k, v in plain.params.items():
-        np.testing.assert_array_equal(moved.params[k], v, err_msg=k)
+    _switched("PARTIALS_AT_PRODUCER", client, resnet_like, monkeypatch)

@@ -233,16 +233,7 @@ def _direct(geo, x_shape, w_shape, group, dtype) -> bool:
 
 def _winograd(geo, x_shape, w_shape, group, dtype) -> bool:
     """Whether the forward geometry ``geo`` takes :mod:`dfdl.ops.cpu.winograd`."""
-    return winograd.applies(
-        x_shape,
-        w_shape,
-        geo.strides,
-        geo.dilations,
-        group,
-        geo.pads_begin,
-        geo.pads_end,
-        dtype,
-    )
+    return winograd.applies(x_shape, w_shape, *_same_attrs(geo, group), dtype)
 
 
 def _supported(X, W, B) -> bool:
@@ -480,9 +471,9 @@ def _scatter(X, W, group, kernel, strides, dilations, pads_begin, out) -> np.nda
     return y
 
 
-def _same_attrs(geo) -> tuple:
-    """(strides, dilations, group, pads_begin, pads_end) of ``geo``, one group."""
-    return geo.strides, geo.dilations, 1, geo.pads_begin, geo.pads_end
+def _same_attrs(geo, group: int = 1) -> tuple:
+    """(strides, dilations, group, pads_begin, pads_end) of ``geo`` with ``group``."""
+    return geo.strides, geo.dilations, group, geo.pads_begin, geo.pads_end
 
 
 def _grad_attrs(auto_pad, dilations, kernel_shape, pads, strides) -> dict:

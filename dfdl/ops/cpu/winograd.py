@@ -104,6 +104,14 @@ def _filters(w: np.ndarray) -> np.ndarray:
     return u.transpose(0, 2, 1)
 
 
+def _padded(x: np.ndarray, th: int, tw: int) -> np.ndarray:
+    """``x`` (N, C, H, W) channels-last in a zero grid of ``th`` x ``tw`` tiles' patches:
+    (N, 2 * th + 2, 2 * tw + 2, C)."""
+    xp = np.empty((x.shape[0], 2 * th + 2, 2 * tw + 2, x.shape[1]), x.dtype)
+    _pad_channels_last(x, xp)
+    return xp
+
+
 def _pad_channels_last(x: np.ndarray, xp: np.ndarray) -> None:
     """``xp[s, 1 + i, 1 + j, c] = x[s, c, i, j]``, zero everywhere else."""
     h, w = x.shape[2:]
@@ -112,6 +120,12 @@ def _pad_channels_last(x: np.ndarray, xp: np.ndarray) -> None:
     xp[:, 1 : h + 1, 0] = 0
     xp[:, 1 : h + 1, w + 1 :] = 0
     xp[:, 1 : h + 1, 1 : w + 1] = x.transpose(0, 2, 3, 1)
+
+
+@numba.njit(inline="always")
+def _origin(t, per, tw):
+    """Sample, first row and first column (in the padded grid) of tile ``t``."""
+    return t // per, 2 * ((t % per) // tw), 2 * ((t % per) % tw)
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
@@ -124,9 +138,7 @@ def _input_transform(xp, t0, t1, th, tw, v):
     d = np.empty((4, 4, c), xp.dtype)
     e = np.empty((4, 4, c), xp.dtype)
     for t in range(t0, t1):
-        s = t // per
-        r = 2 * ((t % per) // tw)
-        q = 2 * ((t % per) % tw)
+        s, r, q = _origin(t, per, tw)
         for a in range(4):
             for b in range(4):
                 for ch in range(c):
@@ -159,9 +171,7 @@ def _output_transform(mm, t0, t1, th, tw, y):
     per = th * tw
     f = np.empty((2, 4, m), mm.dtype)
     for t in range(t0, t1):
-        s = t // per
-        r = 2 * ((t % per) // tw)
-        q = 2 * ((t % per) % tw)
+        s, r, q = _origin(t, per, tw)
         k = t - t0
         # rows: A^T M
         for b in range(4):
@@ -196,8 +206,7 @@ def conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((n, m, h, wd), x.dtype)
     v = mm = None
     for n0, n1 in _chunks(n, (2 * th + 2) * (2 * tw + 2) * c * x.itemsize):
-        xp = np.empty((n1 - n0, 2 * th + 2, 2 * tw + 2, c), x.dtype)
-        _pad_channels_last(x[n0:n1], xp)
+        xp = _padded(x[n0:n1], th, tw)
         tiles = (n1 - n0) * th * tw
         if v is None:
             block = _block(tiles, c, x.itemsize)
@@ -237,9 +246,7 @@ def _gradient_transform(dyp, t0, t1, th, tw, g):
     per = th * tw
     e = np.empty((4, 2, m), dyp.dtype)
     for t in range(t0, t1):
-        s = t // per
-        r = 2 * ((t % per) // tw)
-        q = 2 * ((t % per) % tw)
+        s, r, q = _origin(t, per, tw)
         k = t - t0
         for b in range(2):  # rows: A dY (A = [[1, 0], [1, 1], [1, -1], [0, -1]])
             for o in range(m):
@@ -298,8 +305,7 @@ def conv_grad_weight(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     v = g = None
     sample_bytes = ((2 * th + 2) * (2 * tw + 2) * c + 4 * th * tw * m) * x.itemsize
     for n0, n1 in _chunks(n, sample_bytes):
-        xp = np.empty((n1 - n0, 2 * th + 2, 2 * tw + 2, c), x.dtype)
-        _pad_channels_last(x[n0:n1], xp)
+        xp = _padded(x[n0:n1], th, tw)
         dyp = np.zeros((n1 - n0, 2 * th, 2 * tw, m), x.dtype)  # zero past the image's edge
         dyp[:, :h, :wd] = dy[n0:n1].transpose(0, 2, 3, 1)
         tiles = (n1 - n0) * th * tw
