@@ -13,7 +13,7 @@ forward.
 Two geometries take other kernels first: the stride-1 3x3 stencils of
 :mod:`dfdl.ops.cpu.conv_direct` (few channels, large images: the 3-D U-Net), then
 Winograd F(2x2, 3x3) (:mod:`dfdl.ops.cpu.winograd`: 2-D, 3x3, stride 1, pad 1, float32,
-at least 16 channels: the ResNet's stages), for the forward and both gradients.
+at least 32 channels: the ResNet's stages), for the forward and both gradients.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ CONV, GRAD_INPUT, GRAD_WEIGHT = (
 
 #: (id, X shape, C_out)
 SHAPES = [
-    ("even", (2, 16, 8, 8), 16),
-    ("odd_rows_and_columns", (3, 17, 7, 9), 19),
-    ("one_pixel", (2, 16, 1, 1), 16),
+    ("even", (2, 32, 8, 8), 32),
+    ("odd_rows_and_columns", (3, 33, 7, 9), 35),
+    ("one_pixel", (2, 32, 1, 1), 32),
     ("one_sample_wide", (1, 32, 5, 12), 48),
     ("resnet_stage", (4, 64, 16, 16), 64),
 ]
@@ -78,7 +78,7 @@ def test_cpu_kernels_route_here_and_match(shape, monkeypatch):
 
 
 def test_blocks_of_tiles_and_chunks_of_samples_cover_every_tile(monkeypatch):
-    x, w = _data((3, 16, 9, 7), 16)
+    x, w = _data((3, 32, 9, 7), 32)
     whole = winograd.conv(x, w)
     dw = winograd.conv_grad_weight(x, whole)
     monkeypatch.setattr(winograd, "BLOCK_BYTES", 1)
@@ -115,22 +115,22 @@ def test_kernels_are_called_for_resnet_convolutions(monkeypatch):
 @pytest.mark.parametrize(
     "change",
     [
-        {"x_shape": (2, 16, 8, 8, 8), "w_shape": (16, 16, 3, 3, 3)},  # 3-D
-        {"w_shape": (16, 16, 5, 5)},
+        {"x_shape": (2, 32, 8, 8, 8), "w_shape": (32, 32, 3, 3, 3)},  # 3-D
+        {"w_shape": (32, 32, 5, 5)},
         {"strides": [2, 2]},
         {"dilations": [2, 2]},
         {"group": 2},
         {"pads_begin": [0, 0], "pads_end": [0, 0]},
         {"pads_end": [1, 0]},
         {"dtype": np.float64},
-        {"x_shape": (2, 8, 8, 8)},  # too few input channels
-        {"w_shape": (8, 16, 3, 3)},  # too few output channels
+        {"x_shape": (2, 16, 8, 8)},  # too few input channels
+        {"w_shape": (16, 32, 3, 3)},  # too few output channels
     ],
 )
 def test_applies_only_to_its_geometry(change):
     args = {
-        "x_shape": (2, 16, 8, 8),
-        "w_shape": (16, 16, 3, 3),
+        "x_shape": (2, 32, 8, 8),
+        "w_shape": (32, 32, 3, 3),
         "strides": [1, 1],
         "dilations": [1, 1],
         "group": 1,
