@@ -123,6 +123,16 @@ _GRAD_GEOMETRIES = [
         [0, 2, 1],
         (4, 5, 5),
     ),
+    # 1x1 at a stride (conv_pointwise): rows and columns the kernel never reads
+    ("2d_pointwise_strided", (5, 3, 7, 6), (7, 3, 1, 1), {"strides": [2, 4]}, [0, 0], (4, 2)),
+    (
+        "3d_pointwise_strided",
+        (2, 3, 5, 4, 3),
+        (4, 3, 1, 1, 1),
+        {"strides": [2, 1, 2]},
+        [0, 0, 0],
+        (3, 4, 2),
+    ),
 ]
 
 
@@ -240,6 +250,13 @@ def _conv_cases() -> list[OpCase]:
             "Conv",
             [x2, rand(7, 3, 1, 1, seed=12), b7],
             id="2d_pointwise",
+            **TOL,
+        ),
+        OpCase(
+            "Conv",
+            [x2, rand(7, 3, 1, 1, seed=12), b7],
+            {"strides": [2, 4]},
+            id="2d_pointwise_strided",
             **TOL,
         ),
         OpCase(

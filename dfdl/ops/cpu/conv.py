@@ -10,10 +10,12 @@ when images are small, a range of output rows when they are large), so the tempo
 stays bounded whatever the tile size. float32/float64 only; other dtypes use the numpy
 forward.
 
-Two geometries take other kernels first: the stride-1 3x3 stencils of
+Three geometries take other kernels first: the stride-1 3x3 stencils of
 :mod:`dfdl.ops.cpu.conv_direct` (few channels, large images: the 3-D U-Net), then
 Winograd F(2x2, 3x3) (:mod:`dfdl.ops.cpu.winograd`: 2-D, 3x3, stride 1, pad 1, float32,
-at least 32 channels: the ResNet's stages), for the forward and both gradients.
+at least 32 channels: the ResNet's stages), then 1x1 kernels without padding at any
+stride (:mod:`dfdl.ops.cpu.conv_pointwise`: a ResNet's shortcuts), for the forward and
+both gradients.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from dfdl.ops.cpu import conv_direct, winograd
+from dfdl.ops.cpu import conv_direct, conv_pointwise, winograd
 from dfdl.ops.cpu.blas import matmul
 
 #: upper bound on one im2col/col2im buffer (bytes)
@@ -236,6 +238,11 @@ def _winograd(geo, x_shape, w_shape, group, dtype) -> bool:
     return winograd.applies(x_shape, w_shape, *_same_attrs(geo, group), dtype)
 
 
+def _pointwise(geo, w_shape, group) -> bool:
+    """Whether ``geo`` takes :mod:`dfdl.ops.cpu.conv_pointwise`."""
+    return conv_pointwise.applies(w_shape, group, geo.pads_begin, geo.pads_end)
+
+
 def _supported(X, W, B) -> bool:
     return (
         X.dtype in _FLOATS
@@ -279,6 +286,11 @@ def conv_cpu(
         y = winograd.conv(X, np.ascontiguousarray(W))
         if B is not None:
             y += B.reshape(1, -1, 1, 1)
+        return y
+    if _pointwise(geo, W.shape, group):
+        y = conv_pointwise.conv(X, W, geo.strides)
+        if B is not None:
+            y += B.reshape((1, -1) + (1,) * (X.ndim - 2))
         return y
     n, c = X.shape[:2]
     m = W.shape[0]
@@ -510,12 +522,12 @@ def conv_grad_input_cpu(
         return conv_direct.conv_grad_input(
             np.ascontiguousarray(dY), W, geo.pads_begin, geo.pads_end, shape[2:]
         )
-    if _winograd(geo, shape, W.shape, group, dY.dtype) and winograd.applies(
-        dY.shape, (W.shape[1], W.shape[0], 3, 3), *_same_attrs(geo), dY.dtype
-    ):
+    if _winograd(geo, shape, W.shape, group, dY.dtype):
         # dX of a 3x3 stride-1 pad-1 conv: the same conv of dY with W flipped, C <-> C_out
         flipped = np.ascontiguousarray(W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
         return winograd.conv(dY, flipped).reshape(shape)
+    if _pointwise(geo, W.shape, group):
+        return conv_pointwise.conv_grad_input(dY, W, geo.strides, shape)
     # dX is the transposed convolution of dY with the same W, pads and strides
     y = _scatter(dY, W, group, geo.kernel, geo.strides, geo.dilations, geo.pads_begin, shape[2:])
     return y.reshape(shape)
@@ -551,6 +563,8 @@ def conv_grad_weight_cpu(
         )
     if _winograd(geo, X.shape, wshape, group, X.dtype):
         return winograd.conv_grad_weight(X, dY).reshape(wshape)
+    if _pointwise(geo, wshape, group):
+        return conv_pointwise.conv_grad_weight(X, dY, geo.strides, wshape)
     n, c = X.shape[:2]
     m = wshape[0]
     cg, mg = c // group, m // group

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from dfdl.ops import REGISTRY
-from dfdl.ops.cpu import blas, conv, conv_direct
+from dfdl.ops.cpu import blas, conv, conv_direct, conv_pointwise
 from tests.ops.cpu.test_blas import use_mkl
 from tests.ops.test_registry import CASES, assert_matches
 
@@ -31,13 +31,15 @@ CONV_CASES = [
     and all(np.asarray(x).dtype in (np.float32, np.float64) for x in c.inputs if x is not None)
 ]
 
-#: samples per channels-last block; 0: channels-first; None: direct where it applies
+#: samples per channels-last block; 0: channels-first; None: direct where it applies;
+#: "pointwise": 1x1 kernels without padding on conv_pointwise, the rest channels-first
 LAYOUTS = {
     "channels_first": 0,
     "cl_blocks_of_1": 1,
     "cl_blocks_of_2": 2,
     "cl_one_block": 64,
     "direct": None,
+    "pointwise": "pointwise",
 }
 
 #: (op, case id) of the registry's cases that the direct kernels run when their channel
@@ -75,12 +77,18 @@ def test_kernel_matches_reference_in_each_layout(case, layout, library, monkeypa
     else:
         monkeypatch.setattr(blas, "_MKL", None)
     per = LAYOUTS[layout]
+    if per == "pointwise":
+        per = 0
+        monkeypatch.setattr(conv_direct, "applies", lambda *args: False)
+        monkeypatch.setattr(conv, "_cl_samples", lambda *args: 0)
+    else:  # the im2col and direct paths run 1x1 kernels too
+        monkeypatch.setattr(conv_pointwise, "applies", lambda *args: False)
     if per is None:
         monkeypatch.setattr(conv_direct, "MIN_CHANNELS", 1)
         monkeypatch.setattr(conv_direct, "MAX_CHANNEL_PRODUCT", 1 << 62)
         monkeypatch.setattr(conv_direct, "MAX_GRID_WASTE", float("inf"))
         monkeypatch.setattr(conv_direct, "MIN_POSITIONS", 1)
-    else:
+    elif layout != "pointwise":
         monkeypatch.setattr(conv_direct, "applies", lambda *args: False)
         monkeypatch.setattr(conv, "_cl_samples", lambda *args: per)
     calls: list = []
@@ -88,13 +96,20 @@ def test_kernel_matches_reference_in_each_layout(case, layout, library, monkeypa
     _spy(monkeypatch, "_col2im_cl", calls)
     _spy(monkeypatch, "_stencil", calls, conv_direct)
     _spy(monkeypatch, "_stencil_grad_weight", calls, conv_direct)
+    _spy(monkeypatch, "_sampled", calls, conv_pointwise)
+    _spy(monkeypatch, "conv_grad_input", calls, conv_pointwise)
     got = REGISTRY[case.key].kernels["cpu"](*case.inputs, **case.attrs)
     assert_matches(got, case.expected()[0], case, f"{layout} kernel")
     direct = [c for c in calls if c.startswith("_stencil")]
     pointwise_conv = case.op == "Conv" and "pointwise" in case.id
     if per and not pointwise_conv:  # a 1x1 stride-1 Conv is a plain GEMM either way
         assert calls, "the channels-last path was not taken"
-    if per == 0:
+    pointwise = [c for c in calls if c in ("_sampled", "conv_grad_input")]
+    if layout == "pointwise":
+        w_shape = np.shape(case.inputs[1]) if case.op != "ConvGradWeight" else ()
+        one_by_one = "pointwise" in case.id or "1x1" in case.id
+        assert bool(pointwise) == (one_by_one and case.op != "ConvTranspose"), (calls, w_shape)
+    elif per == 0:
         assert not calls, "the channels-first path ran channels-last or direct kernels"
     if per is None:
         assert bool(direct) == ((case.op, case.id) in DIRECT_CASES), calls

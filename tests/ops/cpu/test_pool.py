@@ -1,9 +1,11 @@
-"""The 2-D max-pooling kernels against the general one they shortcut.
+"""The shortcut max-pooling kernels against the general one they stand in for.
 
 ``dfdl.ops.cpu.pool`` runs 1-D and 2-D MaxPool and MaxPoolGrad through flat kernels
-(:func:`~dfdl.ops.cpu.pool._max_pool_2d`, :func:`~dfdl.ops.cpu.pool._max_pool_grad_2d`).
-They must give bit for bit what the general 3-D kernels give, ties and NaNs included:
-the first maximum in scan order wins, and the gradient adds in the same order.
+(:func:`~dfdl.ops.cpu.pool._max_pool_2d`, :func:`~dfdl.ops.cpu.pool._max_pool_grad_2d`),
+and windows two wide with stride = kernel, at any rank, through
+:func:`~dfdl.ops.cpu.pool._max_pool_pairs` and its gradient. They must give bit for bit
+what the general 3-D kernels give, ties and NaNs included: the first maximum in scan
+order wins, and the gradient adds in the same order.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ GEOMETRIES = {
     "dilated_asym_pads": dict(kernel_shape=[2, 3], dilations=[2, 1], pads=[1, 0, 2, 1]),
     "window_in_padding": dict(kernel_shape=[2, 2], strides=[3, 3], pads=[2, 2, 0, 0]),
     "1d": dict(kernel_shape=[3], strides=[2], pads=[1, 1]),
+    # the pairs kernels: a row and a column left over, an exact cover, 1-D and 3-D
+    "pairs_2x2": dict(kernel_shape=[2, 2], strides=[2, 2]),
+    "pairs_3x2_exact": dict(kernel_shape=[3, 2], strides=[3, 2]),
+    "pairs_1d": dict(kernel_shape=[2], strides=[2]),
+    "pairs_3d": dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2]),
+    "pairs_3d_ceil": dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2], ceil_mode=1),
 }
+
+SHAPES = {"1d": (2, 3, 11), "pairs_1d": (2, 3, 11), "pairs_3d": (2, 3, 5, 6, 8)}
+SHAPES["pairs_3d_ceil"] = SHAPES["pairs_3d"]
 
 
 def _data(shape, dtype):
@@ -65,8 +76,7 @@ def _general(dY, X, geo, storage_order=0):
 @pytest.mark.parametrize("name", GEOMETRIES)
 def test_flat_max_kernels_equal_the_general_ones(name, storage_order, dtype):
     geo = GEOMETRIES[name]
-    shape = (2, 3, 11) if name == "1d" else (2, 3, 9, 10)
-    x = _data(shape, dtype)
+    x = _data(SHAPES.get(name, (2, 3, 9, 10)), dtype)
     y, idx = pool.MaxPool(x, storage_order=storage_order, **geo)
     dy = np.random.default_rng(4).standard_normal(y.shape).astype(dtype)
     dx = pool.MaxPoolGrad(dy, x, **geo)
@@ -88,10 +98,17 @@ def test_the_flat_kernels_are_the_ones_that_run(monkeypatch):
         run.__name__ = kernel.__name__
         return run
 
-    for name in ("_max_pool_2d", "_max_pool_grad_2d", "_pool_kernel", "_pool_grad_kernel"):
+    kernels = ("_max_pool_2d", "_max_pool_grad_2d", "_pool_kernel", "_pool_grad_kernel")
+    for name in (*kernels, "_max_pool_pairs", "_max_pool_grad_pairs"):
         monkeypatch.setattr(pool, name, spy(getattr(pool, name)))
     x = _data((2, 3, 9, 10), np.float32)
     y, _ = pool.MaxPool(x, **GEOMETRIES["resnet_stem"])
     pool.MaxPoolGrad(np.ones_like(y), x, **GEOMETRIES["resnet_stem"])
-    pool.MaxPool(_data((1, 2, 4, 5, 6), np.float32), kernel_shape=[2, 2, 2])  # 3-D: general
-    assert calls == ["_max_pool_2d", "_max_pool_grad_2d", "_pool_kernel"]
+    x3 = _data((1, 2, 4, 5, 6), np.float32)
+    pool.MaxPool(x3, kernel_shape=[3, 3, 3])  # 3-D, three wide: general
+    y, _ = pool.MaxPool(x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2])
+    pool.MaxPoolGrad(np.ones_like(y), x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2])
+    pool.MaxPool(x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2], storage_order=1)  # general
+    pool.MaxPool(x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2], pads=[0, 0, 1] * 2)
+    want = ["_max_pool_2d", "_max_pool_grad_2d", "_pool_kernel", "_max_pool_pairs"]
+    assert calls == [*want, "_max_pool_grad_pairs", "_pool_kernel", "_pool_kernel"]
