@@ -443,8 +443,8 @@ def _max_pool_grad_tile(ctx: TileContext) -> TileSpec:
 def crop_slab(dx: np.ndarray, crop) -> np.ndarray:
     """The part ``[off, off + n)`` of each spatial axis of ``dx`` (``crop`` = off0, n0,
     off1, n1, ...), zeros where it runs past ``dx``'s end."""
-    if crop is None:
-        return dx
+    if crop is None or list(crop) == [v for n in dx.shape[2:] for v in (0, n)]:
+        return dx  # the whole of dx: no copy (an untiled image, as in a ResNet's stem)
     nd = len(crop) // 2
     out = np.zeros(dx.shape[:2] + tuple(crop[2 * a + 1] for a in range(nd)), dx.dtype)
     src, dst = [slice(None)] * 2, [slice(None)] * 2
