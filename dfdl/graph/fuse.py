@@ -77,6 +77,13 @@ contractions (a ReluGrad before a BatchNorm's gradient sums) are left out: with 
 the U-Net measured 1.325 against 1.316 s and the transformer (its bias gradients'
 partial sums) 2.432 against 2.397 s.
 
+A fused task runs its members in an order fixed when the graph is built (:func:`fused`),
+not through ``Task.fuse``, whose worker-side ``execute_graph`` orders the subgraph again
+at every execution while holding the GIL. ``python bench/ab.py WORKLOAD
+dfdl.graph.fuse.ORDERED --b False`` (3 alternating rounds, same losses): ResNet 0.708
+against 0.715 s (task thread time 1.020 against 1.046 s per step), transformer 2.070
+against 2.066 s.
+
 Example:
     >>> dsk = fuse_into_consumers(dsk, keep=wanted)  # doctest: +SKIP
 """
@@ -101,6 +108,9 @@ MAX_COPIES = 2
 #: whether a light partial of a merge runs inside the task that produces its input
 #: (``_partials_at_producer``)
 PARTIALS_AT_PRODUCER = True
+#: whether fused tasks run their members in an order fixed when the graph is built
+#: (:func:`fused`) rather than through ``dask.task_spec.Task.fuse``
+ORDERED = True
 
 
 def _levels(deps: Mapping[Hashable, set]) -> tuple[list, dict]:
@@ -216,7 +226,7 @@ def fuse_into_consumers(
             chain = chains[k]
             inner = [dsk[a] for m in chain for a in (*members.get(m, ()), m)] + inner + [node]
             node = Task(_pack_key(k), _pack, TaskRef(k), *(TaskRef(m) for m in chain))
-        out[k] = Task.fuse(*inner, node, key=k) if inner else node
+        out[k] = (fused if ORDERED else Task.fuse)(*inner, node, key=k) if inner else node
     if slot or twice:
 
         def task_of(r):  # the key of the task ``r`` runs in
@@ -237,6 +247,56 @@ def fuse_into_consumers(
         for r, sub in by_task.items():
             out[r] = out[r].substitute(sub)
     return out
+
+
+def fused(*tasks: Task, key: Hashable) -> Task:
+    """One task ``key`` that runs ``tasks`` (which reduce to one output) in a topological
+    order fixed here, dropping each intermediate value after its last reader.
+
+    ``dask.task_spec.Task.fuse`` builds the same subgraph, but its worker-side
+    ``execute_graph`` runs ``dask.order`` on the subgraph at every execution, holding
+    the GIL that the worker's event loop and the other task threads wait for (py-spy, a
+    ResNet step: about 2% of the task threads' samples in ``order`` and its sort key).
+
+    Example:
+        >>> from operator import add
+        >>> t = fused(Task("a", add, TaskRef("x"), 1), Task("b", add, TaskRef("a"), 2),
+        ...           key="b")
+        >>> t({"x": 0})
+        3
+    """
+    inside = {t.key: t for t in tasks}
+    deps = {k: set(t.dependencies) & inside.keys() for k, t in inside.items()}
+    order = list(graphlib.TopologicalSorter(deps).static_order())
+    leaves = inside.keys() - set().union(*deps.values())
+    if len(leaves) != 1:
+        raise ValueError(f"fused tasks must reduce to one output, not {sorted(map(str, leaves))}")
+    (out,) = leaves
+    last = {d: i for i, k in enumerate(order) for d in deps[k]}
+    program = tuple(
+        (inside[k], tuple(d for d in deps[k] if last[d] == i)) for i, k in enumerate(order)
+    )
+    outside = tuple(sorted({d for t in tasks for d in t.dependencies} - inside.keys(), key=str))
+    return Task(
+        key,
+        run_fused,
+        program,
+        out,
+        outside,
+        *(TaskRef(d) for d in outside),
+        _data_producer=any(t.data_producer for t in tasks),
+    )
+
+
+def run_fused(program: tuple, out: Hashable, outside: tuple, *values):
+    """Runs the members of a :func:`fused` task: ``program`` is ``(task, keys to drop
+    after it)`` in order; ``values`` are those of the ``outside`` keys."""
+    cache = dict(zip(outside, values, strict=True))
+    for task, drop in program:
+        cache[task.key] = task(cache)
+        for d in drop:
+            del cache[d]
+    return cache[out]
 
 
 def _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays) -> set:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 import dfdl
 import dfdl.models
-from dfdl.graph.fuse import fuse_into_consumers
+from dfdl.graph.fuse import fuse_into_consumers, fused
 
 train_module = sys.modules["dfdl.train"]
 
@@ -344,6 +345,49 @@ def test_carried_values_chain_through_successive_readers():
 def test_data_nodes_are_not_fused():
     dsk = {"x": DataNode("x", np.arange(3)), "s": _t("s", np.sum, "x")}
     assert set(fuse_into_consumers(dsk, keep=["s"])) == {"x", "s"}
+
+
+def test_a_fused_task_runs_its_members_in_dependency_order_whatever_their_order():
+    members = [
+        _t("c", operator.sub, "b", "a"),
+        _t("b", operator.mul, "a", "w"),
+        _t("a", operator.add, "x", 1.0),
+    ]
+    task = fused(*members, key="out")
+    assert task.key == "out" and task.dependencies == {"x", "w"}
+    assert task({"x": 2.0, "w": 10.0}) == 27.0  # a = 3, b = 30, c = 27
+    # dependencies substituted by inline tasks, as fuse_into_consumers does for readers
+    inline = task.substitute({"x": Task("x", operator.neg, TaskRef("z"))})
+    assert inline.dependencies == {"z", "w"} and inline({"z": -2.0, "w": 10.0}) == 27.0
+
+
+def test_a_fused_task_drops_each_value_after_its_last_reader():
+    alive = weakref.WeakSet()
+
+    class Tracked:
+        def __init__(self, v):
+            self.v = v
+            alive.add(self)
+
+    def count(*_):  # how many Tracked values exist while this member runs
+        return len(alive)
+
+    members = [
+        _t("a", Tracked, "x"),
+        _t("b", lambda a: Tracked(a.v + 1), "a"),  # a's last reader
+        _t("c", count, "b"),  # b's last reader; a must be gone here
+        _t("d", operator.add, "c", 0),
+    ]
+    assert fused(*members, key="d")({"x": 1}) == 1
+
+
+def test_a_fused_task_must_reduce_to_one_value():
+    with pytest.raises(ValueError, match="one output"):
+        fused(_t("a", operator.neg, "x"), _t("b", operator.neg, "x"), key="a")
+
+
+def test_ordered_fusion_is_bit_identical_to_dask_fuse(client, resnet_like, monkeypatch):
+    _switched("ORDERED", client, resnet_like, monkeypatch)
 
 
 @pytest.fixture(scope="module")
