@@ -4,6 +4,7 @@ special values where the float64 kernels define the expected result."""
 
 import math
 
+import numba
 import numpy as np
 import pytest
 
@@ -51,15 +52,38 @@ def test_f32_kernels_are_the_ones_dispatched():
     np.testing.assert_array_equal(E.gelu(x), out)
 
 
-@pytest.mark.parametrize(
-    "n", [0, 1, gelu_f32.CHUNK - 1, gelu_f32.CHUNK, gelu_f32.CHUNK + 1, 3 * gelu_f32.CHUNK + 7]
-)
-def test_chunk_boundaries(n):
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 511, 512, 513, 1543])
+def test_vector_boundaries(n):
     rng = np.random.default_rng(n)
     x = rng.normal(0, 3, (n,)).astype(np.float32)
     dy = rng.normal(0, 1, (n,)).astype(np.float32)
     np.testing.assert_allclose(E.gelu(x), _ref_gelu(x), rtol=2e-6, atol=5e-7)
     np.testing.assert_allclose(E.gelu_grad(dy, x), _ref_gelu_grad(dy, x), rtol=2e-6, atol=1e-6)
+
+
+def test_a_value_does_not_depend_on_its_position():
+    # a tile's values must not change with where it starts: the vector loop and its
+    # remainder compute the same bits
+    x = np.random.default_rng(5).normal(0, 4, (1000,)).astype(np.float32)
+    dy = np.ones_like(x)
+    for start in (1, 3, 17):
+        part = x[start:].copy()
+        np.testing.assert_array_equal(E.gelu(part), E.gelu(x)[start:])
+        np.testing.assert_array_equal(E.gelu_grad(dy[start:], part), E.gelu_grad(dy, x)[start:])
+
+
+def test_float_from_bits_reinterprets_an_int32():
+    bits = np.array([0x3F800000, 0x40490FDB, 0x00000001, -0x40800000], np.int64)
+    got = _from_bits(bits)
+    np.testing.assert_array_equal(got, bits.astype(np.int32).view(np.float32))
+
+
+@numba.njit
+def _from_bits(bits):
+    out = np.empty(bits.size, np.float32)
+    for i in range(bits.size):
+        out[i] = gelu_f32.float_from_bits(bits[i])
+    return out
 
 
 def test_special_values_match_the_float64_kernels():
