@@ -38,10 +38,14 @@ def applies(w_shape, group: int, pads_begin, pads_end) -> bool:
     )
 
 
+def _every(strides) -> tuple:
+    """The index of the input positions a strided 1x1 kernel reads."""
+    return (slice(None), slice(None), *(slice(None, None, int(s)) for s in strides))
+
+
 def _sampled(x: np.ndarray, strides) -> np.ndarray:
     """The input positions a strided 1x1 kernel reads: ``(N, C, positions)``."""
-    view = x[(slice(None), slice(None), *(slice(None, None, int(s)) for s in strides))]
-    return np.ascontiguousarray(view).reshape(x.shape[0], x.shape[1], -1)
+    return np.ascontiguousarray(x[_every(strides)]).reshape(x.shape[0], x.shape[1], -1)
 
 
 def conv(x: np.ndarray, w: np.ndarray, strides) -> np.ndarray:
@@ -57,7 +61,8 @@ def conv_grad_weight(x: np.ndarray, dy: np.ndarray, strides, w_shape) -> np.ndar
     ``dY (C_out, N*P) @ x_sampled (N*P, C)``."""
     n, m = dy.shape[:2]
     xs = _sampled(x, strides)
-    # samples side by side along the contracted axis: (C, N*P) and (C_out, N*P)
+    # samples side by side along the contracted axis: (C, N*P) and (C_out, N*P); two plain
+    # copies measured no slower than one strided 4-D transpose
     cols = np.ascontiguousarray(xs.transpose(1, 0, 2)).reshape(x.shape[1], -1)
     dyt = np.ascontiguousarray(dy.reshape(n, m, -1).transpose(1, 0, 2)).reshape(m, -1)
     return matmul(dyt, cols.T).reshape(w_shape)
@@ -71,6 +76,5 @@ def conv_grad_input(dy: np.ndarray, w: np.ndarray, strides, x_shape) -> np.ndarr
     if all(int(s) == 1 for s in strides):
         return g.reshape(x_shape)
     dx = np.zeros(x_shape, dy.dtype)
-    sampled = (slice(None), slice(None), *(slice(None, None, int(s)) for s in strides))
-    dx[sampled] = g.reshape((n, w.shape[1], *dy.shape[2:]))
+    dx[_every(strides)] = g.reshape((n, w.shape[1], *dy.shape[2:]))
     return dx
