@@ -15,8 +15,8 @@ This rewrite of the differentiated, bound training graph, in place, turns
 
 The kernels compute the same arithmetic in one pass, so results are bit for bit those of
 the unfused graph. The split form of the normalization
-(:mod:`dfdl.graph.split_norm`) is planned from the unfused graph: the planner fuses
-only where it keeps BatchNormalization whole (``plan_training``).
+(:mod:`dfdl.graph.split_norm`) fuses the same pairs first and keeps each Relu inside
+its split ops.
 
 Example:
     >>> n = fuse_batch_norm_relu(tg.graph)  # doctest: +SKIP

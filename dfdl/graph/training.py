@@ -257,8 +257,8 @@ def plan_norms(
             raise PlanError(f"tiles[{SPLIT_NORMS!r}] must be 0 or 1, not {split!r}")
         tiles = {k: v for k, v in tiles.items() if k != SPLIT_NORMS}
     if not split:
-        # whole BatchNormalizations run fused with their Relu; the split form is
-        # planned from the unfused graph
+        # whole BatchNormalizations run fused with their Relu (the split form fuses
+        # them itself, dfdl.graph.split_norm)
         fused = tg.fuse_batch_norm_relu()
         try:
             plan = fused.plan(tiles, cores=cores, memory_limit=memory_limit)

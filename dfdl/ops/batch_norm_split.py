@@ -16,6 +16,13 @@ into these ops, each of which splits every axis:
 
 The math is the fused op's (batch statistics rounded to X's dtype in the forward,
 float64 in the backward); only the order of the sums differs.
+
+A normalization followed by a Relu (``dfdl.BatchNormalizationRelu``) splits into the
+same ops with the Relu inside: ``BatchNormApply`` with ``relu=1`` writes ``Relu(Y)``,
+and the gradient ops take the Relu's output ``Z`` as a last input and read
+``ReluGrad(dZ, Z)`` as they go (``BatchNormGradSums(dZ, X, M, Z)``,
+``BatchNormGradApply(dZ, X, scale, M, G, dMean, dVar, Z)``), bit for bit the separate
+Relu and ReluGrad passes' values, without those passes.
 """
 
 from __future__ import annotations
@@ -23,8 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from dfdl.errors import ShapeError
-from dfdl.ops.cpu.batch_norm_split import cpu_grad_apply, cpu_grad_sums, cpu_moments
-from dfdl.ops.cpu.norm import cpu_batch_normalization
+from dfdl.ops.cpu.batch_norm_split import cpu_apply, cpu_grad_apply, cpu_grad_sums, cpu_moments
 from dfdl.ops.halo import spatial_letters
 from dfdl.ops.registry import DFDL_DOMAIN, TensorType, TileContext, TileSpec, register
 
@@ -103,7 +109,7 @@ def BatchNormMoments(X):
 # ------------------------------------------------------------------ dfdl.BatchNormApply
 
 
-def _apply_shape(inputs, consts, *, epsilon=1e-5):
+def _apply_shape(inputs, consts, *, epsilon=1e-5, relu=0):
     X, M = inputs[0], inputs[3]
     _check_x("dfdl.BatchNormApply", X)
     _check_moments("dfdl.BatchNormApply", M, X.shape[1], 3)
@@ -115,9 +121,11 @@ def _apply_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(x, "c", "c", "c."), outputs=(x,), spatial=x[2:])
 
 
-def _apply_kernel(X, scale, B, M, *, epsilon=1e-5):
+def _apply_kernel(X, scale, B, M, *, epsilon=1e-5, relu=0):
+    if X.dtype not in _FLOATS or X.ndim < 2:
+        return BatchNormApply(X, scale, B, M, epsilon=epsilon, relu=relu)
     mean, var = _stats(M, X.dtype)
-    return cpu_batch_normalization(X, scale, B, mean, var, epsilon=epsilon)
+    return cpu_apply(X, scale, B, mean, var, epsilon, bool(relu))
 
 
 @register(
@@ -128,12 +136,25 @@ def _apply_kernel(X, scale, B, M, *, epsilon=1e-5):
     kernels={"cpu": _apply_kernel},
     differentiable=False,
 )
-def BatchNormApply(X, scale, B, M, *, epsilon=1e-5):
-    """Y of training-mode BatchNormalization from the batch's moments ``M``."""
+def BatchNormApply(X, scale, B, M, *, epsilon=1e-5, relu=0):
+    """Y of training-mode BatchNormalization from the batch's moments ``M`` (``relu=1``:
+    ``Relu(Y)``)."""
     mean, var = _stats(M, X.dtype)
     r = X.ndim
     y = (X - _x_channels_view(mean, r)) / np.sqrt(_x_channels_view(var, r) + epsilon)
-    return (_x_channels_view(scale, r) * y + _x_channels_view(B, r)).astype(X.dtype)
+    y = (_x_channels_view(scale, r) * y + _x_channels_view(B, r)).astype(X.dtype)
+    return np.where(y < 0, np.zeros_like(y), y) if relu else y
+
+
+def _relu_grad(dY, Z):
+    """``ReluGrad(dY, Z)`` with the ReluGrad kernel's arithmetic (``dY * 0`` where the
+    Relu output ``Z`` is not positive); dY itself without Z."""
+    return dY if Z is None else np.where(Z > 0, dY, dY * 0)
+
+
+def _check_z(op: str, Z: TensorType | None, X: TensorType) -> None:
+    if Z is not None and tuple(Z.shape) != tuple(X.shape):
+        raise ShapeError(f"{op}: the Relu output Z {Z.shape} must have X's shape {X.shape}")
 
 
 # ---------------------------------------------------------------- dfdl.BatchNormRunning
@@ -172,8 +193,9 @@ def BatchNormRunning(M, input_mean, input_var, *, momentum=0.9, x_dtype=1):
 
 
 def _grad_sums_shape(inputs, consts, *, epsilon=1e-5):
-    dY, X, M = inputs
+    dY, X, M = inputs[:3]
     _check_x("dfdl.BatchNormGradSums", X)
+    _check_z("dfdl.BatchNormGradSums", (inputs[3:] or [None])[0], X)
     _check_moments("dfdl.BatchNormGradSums", M, X.shape[1], 3)
     if tuple(dY.shape) != tuple(X.shape):
         raise ShapeError(f"dfdl.BatchNormGradSums: dY {dY.shape} must have X's shape {X.shape}")
@@ -183,17 +205,17 @@ def _grad_sums_shape(inputs, consts, *, epsilon=1e-5):
 def _grad_sums_tile(ctx: TileContext) -> TileSpec:
     x = _x_spec(ctx.inputs[1].rank)
     return TileSpec(
-        inputs=(x, x, "c."),
+        inputs=(x, x, "c.", x)[: len(ctx.inputs)],
         outputs=("c.",),
         reduce={ch: "sum" for ch in x.replace("c", "")},
         spatial=x[2:],
     )
 
 
-def _grad_sums_kernel(dY, X, M, *, epsilon=1e-5):
-    if X.dtype not in _FLOATS:
-        return BatchNormGradSums(dY, X, M, epsilon=epsilon)
-    return cpu_grad_sums(dY, X, np.ascontiguousarray(M[:, 1]), _inv(M, epsilon))
+def _grad_sums_kernel(dY, X, M, Z=None, *, epsilon=1e-5):
+    if X.dtype not in _FLOATS or (Z is not None and Z.dtype != dY.dtype):
+        return BatchNormGradSums(dY, X, M, Z, epsilon=epsilon)
+    return cpu_grad_sums(dY, X, np.ascontiguousarray(M[:, 1]), _inv(M, epsilon), Z)
 
 
 @register(
@@ -204,8 +226,10 @@ def _grad_sums_kernel(dY, X, M, *, epsilon=1e-5):
     kernels={"cpu": _grad_sums_kernel},
     differentiable=False,
 )
-def BatchNormGradSums(dY, X, M, *, epsilon=1e-5):
-    """Per-channel ``(sum dY * xhat, sum dY)``, float64 ``(C, 2)``."""
+def BatchNormGradSums(dY, X, M, Z=None, *, epsilon=1e-5):
+    """Per-channel ``(sum dY * xhat, sum dY)``, float64 ``(C, 2)``; with the Relu output
+    ``Z``, of ``ReluGrad(dY, Z)``."""
+    dY = _relu_grad(dY, Z)
     r = X.ndim
     axes = (0, *range(2, r))
     xhat = (X.astype(np.float64) - _x_channels_view(M[:, 1], r)) * _x_channels_view(
@@ -223,12 +247,13 @@ def _grad_apply_shape(inputs, consts, *, epsilon=1e-5):
     _check_x("dfdl.BatchNormGradApply", X)
     _check_moments("dfdl.BatchNormGradApply", M, X.shape[1], 3)
     _check_moments("dfdl.BatchNormGradApply", G, X.shape[1], 2)
+    _check_z("dfdl.BatchNormGradApply", (inputs[7:] or [None])[0], X)
     return [X]
 
 
 def _grad_apply_tile(ctx: TileContext) -> TileSpec:
     x = _x_spec(ctx.inputs[1].rank)
-    specs = (x, x, "c", "c.", "c.", "c", "c")[: len(ctx.inputs)]
+    specs = (x, x, "c", "c.", "c.", "c", "c", x)[: len(ctx.inputs)]
     return TileSpec(inputs=specs, outputs=(x,), spatial=x[2:])
 
 
@@ -238,9 +263,9 @@ def _channel_or_zeros(p, c: int) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(p, dtype=np.float64).reshape(-1))
 
 
-def _grad_apply_kernel(dY, X, scale, M, G, dMean=None, dVar=None, *, epsilon=1e-5):
-    if X.dtype not in _FLOATS:
-        return BatchNormGradApply(dY, X, scale, M, G, dMean, dVar, epsilon=epsilon)
+def _grad_apply_kernel(dY, X, scale, M, G, dMean=None, dVar=None, Z=None, *, epsilon=1e-5):
+    if X.dtype not in _FLOATS or (Z is not None and Z.dtype != dY.dtype):
+        return BatchNormGradApply(dY, X, scale, M, G, dMean, dVar, Z, epsilon=epsilon)
     c = X.shape[1]
     return cpu_grad_apply(
         dY,
@@ -252,6 +277,7 @@ def _grad_apply_kernel(dY, X, scale, M, G, dMean=None, dVar=None, *, epsilon=1e-
         M[0, 0],
         _channel_or_zeros(dMean, c),
         _channel_or_zeros(dVar, c),
+        Z,
     )
 
 
@@ -263,9 +289,11 @@ def _grad_apply_kernel(dY, X, scale, M, G, dMean=None, dVar=None, *, epsilon=1e-
     kernels={"cpu": _grad_apply_kernel},
     differentiable=False,
 )
-def BatchNormGradApply(dY, X, scale, M, G, dMean=None, dVar=None, *, epsilon=1e-5):
+def BatchNormGradApply(dY, X, scale, M, G, dMean=None, dVar=None, Z=None, *, epsilon=1e-5):
     """dX of training-mode BatchNormalization from the moments and the gradient sums;
-    ``dMean``/``dVar`` are gradients reaching the batch mean and biased variance."""
+    ``dMean``/``dVar`` are gradients reaching the batch mean and biased variance; with
+    the Relu output ``Z``, of ``ReluGrad(dY, Z)``."""
+    dY = _relu_grad(dY, Z)
     r = X.ndim
     cnt = M[0, 0]
     mean = _x_channels_view(M[:, 1], r)

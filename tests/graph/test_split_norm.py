@@ -9,12 +9,13 @@ import pytest
 
 import dfdl
 from dfdl.errors import MemoryPlanError
+from dfdl.graph import split_norm
 from dfdl.graph.onnx_io import to_ir
 from dfdl.graph.split_norm import split_batch_norms
 from dfdl.graph.training import SPLIT_NORMS_GAIN, build_training_graph, plan_training
 from dfdl.ops.registry import TensorType
 
-from .test_recompute import _run, _training
+from .test_recompute import _assert_same_step, _run, _training
 
 
 def test_split_step_equals_the_fused_step():
@@ -28,6 +29,27 @@ def test_split_step_equals_the_fused_step():
         got, plan, _ = _run(split, values, tiles)
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize(
+    "name, tiles", [("resnet", {"batch": 2}), ("unet3d", {"batch": 2, "space": 3})]
+)
+def test_split_norms_keep_their_relus_inside_bit_for_bit(monkeypatch, name, tiles):
+    tg, values = _training(name)
+    monkeypatch.setattr(split_norm, "FUSE_RELU", False)
+    apart = tg.split_batch_norms()
+    monkeypatch.setattr(split_norm, "FUSE_RELU", True)
+    inside = tg.split_batch_norms()
+    ops = [n.op_type for n in inside.graph.nodes]
+    relus = [n for n in inside.graph.nodes if n.op_type == "BatchNormApply" and n.attrs.get("relu")]
+    masked = [
+        n for n in inside.graph.nodes if n.op_type == "BatchNormGradSums" and len(n.inputs) == 4
+    ]
+    assert relus and len(masked) == len(relus)
+    # every Relu and ReluGrad the split graph kept apart is gone
+    removed = sum(op in ("Relu", "ReluGrad") for op in (n.op_type for n in apart.graph.nodes))
+    assert removed - sum(op in ("Relu", "ReluGrad") for op in ops) == 2 * len(relus)
+    _assert_same_step(apart, inside, values, tiles)
 
 
 def test_split_batch_norm_tasks_split_batch_and_space():

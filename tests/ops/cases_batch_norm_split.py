@@ -43,14 +43,20 @@ def _grad_sums(dy, x, eps):
     return np.stack([(dy * _xhat(x, eps)).sum(axis=ax), dy.sum(axis=ax)], 1)
 
 
-def _apply_ref(eps):
+def _apply_ref(eps, relu=False):
     def ref(x, scale, b, m):
         mean, var = m[:, 1].astype(x.dtype), (m[:, 2] / m[:, 0]).astype(x.dtype)
         r = x.ndim
         y = (x - _view(mean, r)) / np.sqrt(_view(var, r) + eps)
-        return [(_view(scale, r) * y + _view(b, r)).astype(x.dtype)]
+        y = (_view(scale, r) * y + _view(b, r)).astype(x.dtype)
+        return [np.maximum(y, 0) if relu else y]
 
     return ref
+
+
+def _relu_grad(dy, z):
+    """The gradient through a Relu whose output is ``z``."""
+    return dy * (np.asarray(z) > 0)
 
 
 def _running_ref(momentum):
@@ -65,7 +71,9 @@ def _running_ref(momentum):
 
 
 def _grad_apply_ref(eps):
-    def ref(dy, x, scale, m, g, dmean=None, dvar=None):
+    def ref(dy, x, scale, m, g, dmean=None, dvar=None, z=None):
+        if z is not None:
+            dy = _relu_grad(dy, z)
         r = x.ndim
         cnt = x.size // x.shape[1]
         xhat = _xhat(x, eps)
@@ -87,6 +95,9 @@ X5 = rand(3, 4, 5, 3, 6, dtype=F64, seed=3) + 10.0  # a large mean: no cancellat
 DY5 = rand(3, 4, 5, 3, 6, dtype=F64, seed=4)
 X2 = rand(9, 6, seed=5)
 DY2 = rand(9, 6, seed=6)
+# Relu outputs (about half zero) for the gradient ops that mask dY themselves
+Z4 = np.maximum(rand(5, 7, 3, 4, seed=13), 0).astype(F32)
+Z5 = np.maximum(rand(3, 4, 5, 3, 6, dtype=F64, seed=14), 0)
 
 CASES = [
     OpCase(
@@ -134,6 +145,24 @@ CASES = [
         atol=1e-10,
     ),
     OpCase(
+        "BatchNormApply",
+        [X4, rand(7, seed=7), rand(7, seed=8), _moments(X4)],
+        attrs={"relu": 1},
+        domain="dfdl",
+        reference=_apply_ref(1e-5, relu=True),
+        id="f32_4d_relu",
+    ),
+    OpCase(
+        "BatchNormApply",
+        [X5, rand(4, dtype=F64, seed=7), rand(4, dtype=F64, seed=8), _moments(X5)],
+        attrs={"epsilon": 1e-3, "relu": 1},
+        domain="dfdl",
+        reference=_apply_ref(1e-3, relu=True),
+        id="f64_5d_relu",
+        rtol=1e-10,
+        atol=1e-10,
+    ),
+    OpCase(
         "BatchNormRunning",
         [_moments(X4), rand(7, seed=9), rand(7, seed=10, low=0.5, high=2.0)],
         attrs={"momentum": 0.7, "x_dtype": TensorProto.FLOAT},
@@ -162,6 +191,25 @@ CASES = [
         atol=1e-9,
     ),
     OpCase(
+        "BatchNormGradSums",
+        [DY4, X4, _moments(X4), Z4],
+        domain="dfdl",
+        reference=lambda dy, x, m, z: [_grad_sums(_relu_grad(dy, z), x, 1e-5)],
+        id="f32_4d_relu",
+        rtol=1e-9,
+        atol=1e-9,
+    ),
+    OpCase(
+        "BatchNormGradSums",
+        [DY5, X5, _moments(X5), Z5],
+        attrs={"epsilon": 1e-3},
+        domain="dfdl",
+        reference=lambda dy, x, m, z: [_grad_sums(_relu_grad(dy, z), x, 1e-3)],
+        id="f64_5d_relu",
+        rtol=1e-9,
+        atol=1e-9,
+    ),
+    OpCase(
         "BatchNormGradApply",
         [DY4, X4, rand(7, seed=7), _moments(X4), _grad_sums(DY4, X4, 1e-5)],
         domain="dfdl",
@@ -169,6 +217,43 @@ CASES = [
         id="f32_4d",
         rtol=1e-4,
         atol=1e-5,
+    ),
+    OpCase(
+        "BatchNormGradApply",
+        [
+            DY4,
+            X4,
+            rand(7, seed=7),
+            _moments(X4),
+            _grad_sums(_relu_grad(DY4, Z4), X4, 1e-5),
+            None,
+            None,
+            Z4,
+        ],
+        domain="dfdl",
+        reference=_grad_apply_ref(1e-5),
+        id="f32_4d_relu",
+        rtol=1e-4,
+        atol=1e-5,
+    ),
+    OpCase(
+        "BatchNormGradApply",
+        [
+            DY5,
+            X5,
+            rand(4, dtype=F64, seed=7),
+            _moments(X5),
+            _grad_sums(_relu_grad(DY5, Z5), X5, 1e-3),
+            rand(4, dtype=F64, seed=11),
+            rand(4, dtype=F64, seed=12),
+            Z5,
+        ],
+        attrs={"epsilon": 1e-3},
+        domain="dfdl",
+        reference=_grad_apply_ref(1e-3),
+        id="f64_5d_stats_grads_relu",
+        rtol=1e-9,
+        atol=1e-10,
     ),
     OpCase(
         "BatchNormGradApply",
