@@ -13,6 +13,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 import dfdl
 import dfdl.models
+from dfdl.graph import fuse
 from dfdl.graph.fuse import fuse_into_consumers, fused
 
 train_module = sys.modules["dfdl.train"]
@@ -241,7 +242,8 @@ def _reads_twice(dsk, keep, light=lambda k: k == "g", stays=lambda k: k in ("dw"
     return "g" not in fused
 
 
-def test_a_light_value_read_by_two_contractions_at_once_runs_in_both():
+def test_a_light_value_read_by_two_contractions_at_once_runs_in_both(monkeypatch):
+    monkeypatch.setattr(fuse, "SIBLINGS", False)
     dsk = _gradient_read_twice()
     assert _reads_twice(dsk, ["dw", "dx"])
     assert _values(dsk, ["dw", "dx"]) == {"dw": 40.0, "dx": 60.0}
@@ -259,6 +261,35 @@ def test_a_light_value_read_by_two_contractions_at_once_runs_in_both():
     # g does not follow a merge (its readers do not start at a point where all wait)
     after_one = {**dsk, "g": _t("g", operator.mul, "p1", "x")}
     assert not _reads_twice(after_one, ["dw", "dx"])
+
+
+def test_a_light_value_read_by_two_contractions_runs_once_with_both_in_one_task():
+    runs = []
+
+    def grad(s, x):
+        runs.append(1)
+        return s * x
+
+    dsk = _gradient_read_twice()
+    dsk["g"] = _t("g", grad, "s", "x")
+    dsk["ux"] = _t("ux", operator.neg, "dx")  # dx's reader comes first
+    dsk["uw"] = _t("uw", operator.add, "dw", "ux")
+    keep = ["uw", "ux"]
+    want = _values(dsk, keep)
+    runs.clear()
+    fused = fuse_into_consumers(
+        dsk, keep=keep, light=lambda k: k == "g", stays=lambda k: k in ("dw", "dx")
+    )
+    assert _values(fused, keep) == want == {"ux": -60.0, "uw": -20.0}
+    assert runs == [1]  # g ran once, not inside each reader
+    # dx's task runs g and dw; dx's readers and dw's reader take their parts
+    assert "dx" in fused and not {"g", "dw"} & set(fused)
+    assert set(fused["uw"].dependencies) == {"dx", "ux"}
+    # a requested reader keeps its own task: g then runs inside both readers
+    fused = fuse_into_consumers(
+        dsk, keep=[*keep, "dw"], light=lambda k: k == "g", stays=lambda k: k in ("dw", "dx")
+    )
+    assert {"dw", "dx"} <= set(fused) and "g" not in fused
 
 
 def _partials_of_two_tiles():
@@ -443,6 +474,11 @@ def _switched(switch, client, model, monkeypatch):
 def test_carrying_activations_is_bit_identical_with_fewer_tasks(client, resnet_like, monkeypatch):
     n_plain, n_carried = _switched("CARRY", client, resnet_like, monkeypatch)
     assert n_carried < n_plain, (n_carried, n_plain)
+
+
+def test_siblings_in_one_task_are_bit_identical_with_fewer_tasks(client, resnet_like, monkeypatch):
+    n_apart, n_together = _switched("SIBLINGS", client, resnet_like, monkeypatch)
+    assert n_together < n_apart, (n_together, n_apart)
 
 
 def test_partials_at_their_producers_are_bit_identical(client, resnet_like, monkeypatch):
