@@ -99,6 +99,32 @@ DY2 = rand(9, 6, seed=6)
 Z4 = np.maximum(rand(5, 7, 3, 4, seed=13), 0).astype(F32)
 Z5 = np.maximum(rand(3, 4, 5, 3, 6, dtype=F64, seed=14), 0)
 
+
+def _grad_apply_5d(z=None) -> OpCase:
+    """BatchNormGradApply on a float64 5-D tile with gradients reaching the batch mean
+    and variance (and, given the Relu output ``z``, dY masked by it)."""
+    dy = DY5 if z is None else _relu_grad(DY5, z)
+    return OpCase(
+        "BatchNormGradApply",
+        [
+            DY5,
+            X5,
+            rand(4, dtype=F64, seed=7),
+            _moments(X5),
+            _grad_sums(dy, X5, 1e-3),
+            rand(4, dtype=F64, seed=11),
+            rand(4, dtype=F64, seed=12),
+            *([] if z is None else [z]),
+        ],
+        attrs={"epsilon": 1e-3},
+        domain="dfdl",
+        reference=_grad_apply_ref(1e-3),
+        id="f64_5d_stats_grads" + ("" if z is None else "_relu"),
+        rtol=1e-9,
+        atol=1e-10,
+    )
+
+
 CASES = [
     OpCase(
         "BatchNormMoments",
@@ -236,43 +262,8 @@ CASES = [
         rtol=1e-4,
         atol=1e-5,
     ),
-    OpCase(
-        "BatchNormGradApply",
-        [
-            DY5,
-            X5,
-            rand(4, dtype=F64, seed=7),
-            _moments(X5),
-            _grad_sums(_relu_grad(DY5, Z5), X5, 1e-3),
-            rand(4, dtype=F64, seed=11),
-            rand(4, dtype=F64, seed=12),
-            Z5,
-        ],
-        attrs={"epsilon": 1e-3},
-        domain="dfdl",
-        reference=_grad_apply_ref(1e-3),
-        id="f64_5d_stats_grads_relu",
-        rtol=1e-9,
-        atol=1e-10,
-    ),
-    OpCase(
-        "BatchNormGradApply",
-        [
-            DY5,
-            X5,
-            rand(4, dtype=F64, seed=7),
-            _moments(X5),
-            _grad_sums(DY5, X5, 1e-3),
-            rand(4, dtype=F64, seed=11),
-            rand(4, dtype=F64, seed=12),
-        ],
-        attrs={"epsilon": 1e-3},
-        domain="dfdl",
-        reference=_grad_apply_ref(1e-3),
-        id="f64_5d_stats_grads",
-        rtol=1e-9,
-        atol=1e-10,
-    ),
+    _grad_apply_5d(Z5),
+    _grad_apply_5d(),
     OpCase(
         "BatchNormGradApply",
         [DY2, X2, rand(6, seed=7), _moments(X2), _grad_sums(DY2, X2, 1e-5)],
