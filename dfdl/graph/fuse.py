@@ -108,6 +108,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from dask.task_spec import Task, TaskRef
 
+from dfdl.ops.tile_exec import Outputs
+
 #: a task whose tile reads and writes at most this many bytes is "light" (a few ms of
 #: memory traffic, against a task's ~1.3 ms of scheduler and worker CPU on 2 cores)
 LIGHT_BYTES = 40 << 20
@@ -433,8 +435,9 @@ def _pack_key(k):
 
 
 def _pack(value, *carried):
-    """A task's value and the values of the tasks it carries (see ``_carriers``)."""
-    return (value, *carried)
+    """A task's value and the values of the tasks it carries (see ``_carriers``), sized
+    exactly for Dask (:class:`dfdl.ops.tile_exec.Outputs`)."""
+    return Outputs((value, *carried))
 
 
 def _carriers(dsk, keep, deps, readers, order, level, absorbed, light) -> dict:

@@ -96,3 +96,24 @@ def test_tile_tasks_make_their_thread_nicer_by_task_nice(monkeypatch):
         again = pool.submit(run_tile, meta).result()  # applied once per thread
     assert int(first) == int(again) == base + 4
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+
+
+def test_several_outputs_are_sized_exactly_for_dask():
+    from dask.sizeof import sizeof
+
+    # one large tile among many small ones, as a grouped optimizer update returns them
+    values = [np.zeros(2**18, np.float32)] + [np.zeros(4, np.float32)] * 29
+    exact = sum(v.nbytes for v in values)
+    # what the type fixes: Dask samples 10 items of a longer plain tuple
+    plain = {sizeof(tuple(values)) - sys.getsizeof(tuple(values)) for _ in range(200)}
+    assert len(plain) > 1, plain
+    outputs = tile_exec.Outputs(values)
+    assert {sizeof(outputs) - sys.getsizeof(outputs) for _ in range(200)} == {exact}
+
+    def pair(x):
+        return x, x + 1
+
+    meta = (pair, {}, (("value", 0),), ((3,), (3,)), "node 'p' (Pair) tile 0")
+    out = run_tile(meta, np.zeros(3, np.float32))
+    assert isinstance(out, tile_exec.Outputs) and len(out) == 2
+    assert out[1].tolist() == [1.0, 1.0, 1.0]
