@@ -322,22 +322,29 @@ def run_fused(program: tuple, out: Hashable, outside: tuple, *values):
 
 
 def _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays) -> set:
-    """Light tasks that each of their few readers runs again inside its own task:
-    they read a merge of one level's values (``_joins``), and every reader is a
-    contraction that comes right after them (one level up) and waits for nothing else
-    of their level. A gradient that two tasks read at once (a BatchNorm's input
+    """Light tasks that each of their few readers runs again inside its own task
+    (:func:`_read_at_once`). A gradient that two tasks read at once (a BatchNorm's input
     gradient, read by the convolution's weight and input gradients) then costs a
     second pass over a light tile instead of a round trip before either reader can
     start."""
     return {
         t
-        for t, node in dsk.items()
-        if type(node) is Task
-        and t not in keep
+        for t in dsk
+        if t not in keep
         and t not in absorbed
         and t not in carried
         and t not in carried.values()
         and 2 <= len(readers[t]) <= MAX_COPIES
+        and _read_at_once(t, dsk, deps, readers, level, light, stays)
+    }
+
+
+def _read_at_once(t, dsk, deps, readers, level, light, stays) -> bool:
+    """Whether ``t`` is a light task that reads a merge of one level's values
+    (``_joins``) and every reader of which is a contraction that comes right after it
+    (one level up) and waits for nothing else of its level."""
+    return (
+        type(dsk[t]) is Task
         and light(t)
         and any(_joins(d, deps, level) for d in deps[t])
         and all(
@@ -347,39 +354,28 @@ def _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays
             and all(level[v] < level[t] for v in deps[r] if v != t)
             for r in readers[t]
         )
-    }
+    )
 
 
 def _siblings(dsk, keep, deps, readers, level, absorbed, carried, light, stays) -> dict:
-    """Light tasks ``t`` read by exactly two contractions right after a merge (the
-    condition of ``_duplicated``): ``{t: (first, other)}``. ``t`` and ``other`` run
-    inside ``first``'s task, before it: a split BatchNorm's input gradient, computed once
-    and read by the convolution's weight gradient and input gradient in one task,
-    instead of computed again inside each of two tasks. ``first`` is the reader whose
-    own readers come first (the input gradient, on the critical path)."""
+    """Light tasks ``t`` read by exactly two contractions right after a merge
+    (:func:`_read_at_once`): ``{t: (first, other)}``. ``t`` and ``other`` run inside
+    ``first``'s task, before it: a split BatchNorm's input gradient, computed once and
+    read by the convolution's weight gradient and input gradient in one task, instead of
+    computed again inside each of two tasks. ``first`` is the reader whose own readers
+    come first (the input gradient, on the critical path)."""
     out: dict = {}
     taken = set(carried)  # carried already (a task may carry several)
-    for t, node in dsk.items():
+    for t in dsk:
         rs = readers[t]
         if (
-            type(node) is not Task
-            or t in keep
+            t in keep
             or t in absorbed
             or t in taken
             or t in carried.values()
             or len(rs) != 2
-            or not light(t)
-            or not any(_joins(d, deps, level) for d in deps[t])
-        ):
-            continue
-        if not all(
-            type(dsk[r]) is Task
-            and stays(r)
-            and r not in keep
-            and r not in taken
-            and level[r] == level[t] + 1
-            and all(level[v] < level[t] for v in deps[r] if v != t)
-            for r in rs
+            or any(r in keep or r in taken for r in rs)
+            or not _read_at_once(t, dsk, deps, readers, level, light, stays)
         ):
             continue
         first, other = sorted(rs, key=lambda r: (min(level[q] for q in readers[r] or [r]), str(r)))

@@ -42,12 +42,13 @@ def _is_training_bn(n: Node) -> bool:
     return n.op_type == "BatchNormalization" and not n.domain and n.attrs.get("training_mode")
 
 
-def _is_bn_grad(n: Node) -> bool:
-    return n.op_type == "BatchNormalizationGrad" and n.domain == DFDL_DOMAIN and bool(n.inputs[0])
-
-
 def _is_fused(n: Node, op_type: str) -> bool:
+    """Whether ``n`` is the dfdl op ``op_type`` with its first input present."""
     return n.op_type == op_type and n.domain == DFDL_DOMAIN and bool(n.inputs[0])
+
+
+def _is_bn_grad(n: Node) -> bool:
+    return _is_fused(n, "BatchNormalizationGrad")
 
 
 def splittable(graph: Graph, node_name: str) -> bool:
