@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dfdl.errors import ConfigError, DfdlError, ShapeError
+from dfdl.graph import fold_transpose
 from dfdl.graph.autodiff import GradBuilder, gradients
 from dfdl.graph.bind import TYPE_ONLY_INPUTS, bind
 from dfdl.graph.ir import Graph
@@ -451,6 +452,8 @@ def build_training_graph(
         if f"{buf}.next" in bound.types:
             new[buf] = f"{buf}.next"
     bound.outputs = [loss_name] + [new[k] for k in new]
+    if fold_transpose.FOLD:
+        fold_transpose.fold_transposes(bound)
     bound.prune()
     if any(k not in bound.inputs for k in params):
         raise DfdlError("internal: a trainable parameter was pruned")

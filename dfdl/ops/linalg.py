@@ -1,4 +1,4 @@
-"""Matrix products: Gemm and MatMul (numpy BLAS; no numba kernel needed), and their VJPs.
+"""Matrix products: Gemm and MatMul (BLAS; no numba kernel needed), and their VJPs.
 
 Both contract one axis; tiles of that axis give partial products that the planner
 sums with a tree reduction (``reduce={"k": "sum"}``). The gradients are matrix products
@@ -9,7 +9,8 @@ The common dense layer ``(..., M, K) @ (K, N)`` (a torch ``nn.Linear`` on a sequ
 exports this way) takes its weight gradient from ``dfdl.MatMulGradB``: one GEMM over all
 ``... x M`` rows of a tile, instead of a batched product of shape ``(..., K, N)`` summed
 down afterwards (measured 1.2-2.3x faster on transformer tiles, and ``prod(...)`` times
-less memory).
+less memory). ``dfdl.MatMulT`` is MatMul with transpose flags: the training graph's
+products of a Transpose of the last two axes read that operand in place.
 """
 
 from __future__ import annotations
@@ -145,11 +146,66 @@ def MatMul(A, B):
         >>> MatMul(np.ones((2, 3, 4), np.float32), np.ones((4, 5), np.float32)).shape
         (2, 3, 5)
     """
-    if A.ndim > 2 and B.ndim == 2:
-        y = matmul(A.reshape(-1, A.shape[-1]), B).reshape(*A.shape[:-1], B.shape[-1])
-    else:
-        y = matmul(A, B)
-    return np.asarray(y).astype(A.dtype, copy=False)
+    return _product(A, B).astype(A.dtype, copy=False)
+
+
+def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b``, a stack of C-ordered rows times one matrix as one GEMM."""
+    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous:
+        return np.asarray(matmul(a.reshape(-1, a.shape[-1]), b)).reshape(*a.shape[:-1], b.shape[-1])
+    return np.asarray(matmul(a, b))
+
+
+# ---------------------------------------------------------------------- dfdl.MatMulT
+
+
+def _swapped(t: TensorType, flag: int, name: str) -> tuple[int, ...]:
+    if not flag:
+        return t.shape
+    if t.rank < 2:
+        raise ShapeError(f"MatMulT: trans{name} needs a rank >= 2 operand, got {t.shape}")
+    return (*t.shape[:-2], t.shape[-1], t.shape[-2])
+
+
+def _matmul_t_shape(inputs, consts, *, transA=0, transB=0):
+    a, b = inputs
+    dtype = _check_dtype("MatMulT", a, b)
+    return [TensorType(_matmul_dims(_swapped(a, transA, "A"), _swapped(b, transB, "B")), dtype)]
+
+
+def _matmul_t_tile(ctx: TileContext) -> TileSpec:
+    spec = _matmul_tile(ctx)
+    a_spec, b_spec = spec.inputs
+    # a transposed operand is stored with its last two axes the other way round
+    if ctx.attrs.get("transA", 0):
+        a_spec = a_spec[:-2] + a_spec[-1] + a_spec[-2]
+    if ctx.attrs.get("transB", 0):
+        b_spec = b_spec[:-2] + b_spec[-1] + b_spec[-2]
+    return TileSpec(inputs=(a_spec, b_spec), outputs=spec.outputs, reduce=spec.reduce)
+
+
+@register(
+    "MatMulT",
+    domain="dfdl",
+    shape=_matmul_t_shape,
+    tile=_matmul_t_tile,
+    contraction=True,
+    differentiable=False,
+)
+def MatMulT(A, B, *, transA=0, transB=0):
+    """``A' @ B'`` with numpy matmul semantics, where ``A'`` is A with its last two axes
+    swapped when ``transA`` (likewise B): a MatMul that reads a transposed operand in
+    place (BLAS's transpose flags) instead of after a Transpose task copied it.
+    :mod:`dfdl.graph.fold_transpose` writes it into training graphs.
+
+    Example:
+        >>> a, b = np.ones((2, 4, 3), np.float32), np.ones((4, 5), np.float32)
+        >>> MatMulT(a, b, transA=1).shape
+        (2, 3, 5)
+    """
+    a = np.swapaxes(A, -1, -2) if transA else A
+    b = np.swapaxes(B, -1, -2) if transB else B
+    return _product(a, b).astype(A.dtype, copy=False)
 
 
 # ------------------------------------------------------------------- dfdl.MatMulGradB

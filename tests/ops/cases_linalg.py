@@ -1,5 +1,5 @@
-"""OpCases for Gemm, MatMul and dfdl.MatMulGradB (M, K, N of sizes >= 3 so that tiling is
-uneven)."""
+"""OpCases for Gemm, MatMul, dfdl.MatMulGradB and dfdl.MatMulT (M, K, N of sizes >= 3
+so that tiling is uneven)."""
 
 from __future__ import annotations
 
@@ -115,4 +115,40 @@ def _grad_b_cases() -> list[OpCase]:
     ]
 
 
-CASES = _gemm_cases() + _matmul_cases() + _grad_b_cases()
+def _swapped(x, flag):
+    return np.swapaxes(x, -1, -2) if flag else x
+
+
+def _matmul_t_cases() -> list[OpCase]:
+    def case(sa, sb, ta, tb, dtype=np.float32, **kw):
+        # the operands as stored: a transposed one has its last two axes swapped
+        sa = (*sa[:-2], sa[-1], sa[-2]) if ta else sa
+        sb = (*sb[:-2], sb[-1], sb[-2]) if tb else sb
+        inputs = [rand(*sa, dtype=dtype, seed=1), rand(*sb, dtype=dtype, seed=2)]
+
+        def reference(a, b):
+            return [np.matmul(_swapped(a, ta), _swapped(b, tb)).astype(a.dtype)]
+
+        attrs = {"transA": ta, "transB": tb}
+        return OpCase("MatMulT", inputs, attrs, domain="dfdl", reference=reference, **kw)
+
+    cases = []
+    for ta in (0, 1):
+        for tb in (0, 1):
+            cases += [
+                case((M, K), (K, N), ta, tb, id=f"2d_t{ta}{tb}"),
+                case((3, M, K), (3, K, N), ta, tb, id=f"3d_t{ta}{tb}"),
+                case((2, 3, M, K), (K, N), ta, tb, id=f"4d_2d_t{ta}{tb}"),
+                case((M, K), (2, 3, K, N), ta, tb, id=f"2d_4d_t{ta}{tb}"),
+            ]
+    cases += [
+        case((3, 1, M, K), (1, 4, K, N), 1, 0, id="bcast_tA"),
+        case((M, K), (K,), 1, 0, id="2d_1d_tA"),
+        case((K,), (3, K, N), 0, 1, id="1d_3d_tB"),
+        case((4, M, K), (K, N), 1, 1, np.float64, rtol=1e-10, id="f64"),
+        case((5, 3, K), (K, N), 0, 1, consts=(1,), id="const_weight"),
+    ]
+    return cases
+
+
+CASES = _gemm_cases() + _matmul_cases() + _grad_b_cases() + _matmul_t_cases()

@@ -274,7 +274,9 @@ def test_arguments_mkl_rejects_raise_instead_of_leaving_the_output_unwritten():
     _check(blas.matmul(a, b), a, b)
 
 
-LINALG_CASES = [c for c in CASES if c.op in ("Gemm", "MatMul", "MatMulGradB")]
+#: the matrix-product ops: every op whose kernel lives in dfdl.ops.linalg
+LINALG_OPS = {d.name for d in REGISTRY.values() if d.forward.__module__ == "dfdl.ops.linalg"}
+LINALG_CASES = [c for c in CASES if c.op in LINALG_OPS]
 
 
 @needs_mkl
@@ -288,7 +290,8 @@ def test_matrix_product_ops_match_their_reference_on_mkl(case, monkeypatch):
 
 
 def test_every_matrix_product_op_has_cases_here():
-    assert {c.op for c in LINALG_CASES} == {"Gemm", "MatMul", "MatMulGradB"}
+    assert {"Gemm", "MatMul", "MatMulGradB", "MatMulT"} <= LINALG_OPS
+    assert {c.op for c in LINALG_CASES} == LINALG_OPS
 
 
 @needs_mkl
