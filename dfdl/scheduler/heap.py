@@ -12,7 +12,10 @@ other threads' arenas) brought the same worker to 295 MiB.
 
 :class:`HeapTrimmer` is a worker plugin that checks the free heap (``mallinfo2``, 8 µs)
 every ``interval`` seconds and trims it when it exceeds :func:`trim_threshold` of the
-worker's memory limit. It also trims before each of Dask's own memory measurements:
+worker's memory limit, while the process's resident memory is above
+:func:`trim_floor` (half of Dask's lowest process-memory threshold): under it the free
+heap cannot make Dask spill or pause, and trimming it only costs the next step its page
+faults again. It also trims before each of Dask's own memory measurements:
 Dask's spill loop evicts one tile at a time until the process's resident memory falls
 below its target, and an evicted tile that stays in the heap does not lower it, so
 without a trim there the loop evicts far more than it needs (for up to 0.5 s, the event
@@ -35,6 +38,8 @@ import ctypes
 import ctypes.util
 import logging
 
+import dask
+import psutil
 from distributed.diagnostics.plugin import WorkerPlugin
 
 logger = logging.getLogger(__name__)
@@ -45,6 +50,9 @@ TRIM_FRACTION = 1 / 32
 TRIM_MIN_BYTES = 16 * 2**20
 #: how often the free heap is checked (seconds); Dask's memory monitor runs every 0.1 s
 INTERVAL_S = 0.02
+#: no trim while the process's resident memory is under this share of the lowest
+#: process-memory threshold Dask acts on (:func:`trim_floor`)
+TRIM_ABOVE = 0.5
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -116,14 +124,39 @@ def trim_threshold(memory_limit: int | None) -> int:
     return max(TRIM_MIN_BYTES, int(memory_limit * TRIM_FRACTION))
 
 
+def trim_floor(memory_limit: int | None, fractions=(0.7, 0.8, 0.95)) -> int:
+    """Resident bytes under which a worker with ``memory_limit`` never trims:
+    :data:`TRIM_ABOVE` of the lowest of the process-memory ``fractions`` Dask acts on
+    (spill, pause, terminate; None or False for one that is off).
+
+    Trimming costs the next step its page faults again: the zoo's transformer trimmed
+    20 times per step on the embedded cluster (790 MiB of free heap between its forward
+    and backward passes), faulting 25,600 pages per step back in; without the trims
+    4,400, and its step took 1.75 s instead of 1.96 s (its kernels 13% less time). Far
+    below every threshold, free heap held resident cannot make Dask spill, pause or
+    restart the worker, and the next step allocates it again anyway.
+
+    Example:
+        >>> trim_floor(2**30, (0.7, 0.7, 0.95)) // 2**20
+        358
+    """
+    if not memory_limit:
+        return 2**62
+    lowest = min((f for f in fractions if f), default=1.0)
+    return int(memory_limit * lowest * TRIM_ABOVE)
+
+
 class HeapTrimmer(WorkerPlugin):
-    """Trims a worker's free heap when it exceeds :func:`trim_threshold` of its limit."""
+    """Trims a worker's free heap when it exceeds :func:`trim_threshold` of its limit and
+    the process's resident memory exceeds :func:`trim_floor`."""
 
     name = "dfdl-heap"
 
     def __init__(self, interval: float = INTERVAL_S):
         self.interval = interval
         self.trims = 0
+        self.floor = 0
+        self._process = None  # the worker's, made in setup (the plugin is pickled)
         self._callback = None
         self._measure = None
 
@@ -132,8 +165,15 @@ class HeapTrimmer(WorkerPlugin):
 
         if _LIBC is None:
             return
-        limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+        self._process = psutil.Process()
+        manager = getattr(worker, "memory_manager", None)
+        limit = getattr(manager, "memory_limit", None)
         self.threshold = trim_threshold(limit)
+        self.floor = trim_floor(
+            limit,
+            [getattr(manager, f"memory_{k}_fraction", None) for k in ("spill", "pause")]
+            + [dask.config.get("distributed.worker.memory.terminate", False)],
+        )
         if self.threshold >= 2**62:
             return
         self._callback = PeriodicCallback(self._check, self.interval * 1000)
@@ -150,9 +190,12 @@ class HeapTrimmer(WorkerPlugin):
 
     def _check(self) -> None:
         free = free_heap_bytes()
-        if free is not None and free > self.threshold:
+        if free is not None and free > self.threshold and self._rss() > self.floor:
             release_free_heap()
             self.trims += 1
+
+    def _rss(self) -> int:
+        return self._process.memory_info().rss
 
     def teardown(self, worker) -> None:
         if self._callback is not None:

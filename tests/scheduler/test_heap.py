@@ -58,21 +58,33 @@ def test_trim_threshold_scales_with_the_limit():
     assert heap.trim_threshold(None) > 2**60  # no limit: never trims
 
 
+def test_trim_floor_is_half_the_lowest_threshold_dask_acts_on():
+    assert heap.trim_floor(2**30, (0.7, 0.8, 0.95)) == int(2**30 * 0.35)
+    assert heap.trim_floor(2**30, (False, 0.8, None)) == int(2**30 * 0.4)
+    assert heap.trim_floor(2**30, (False, False, False)) == 2**29  # all off: the limit's
+    assert heap.trim_floor(None) > 2**60
+
+
 def _plugin_trims(dask_worker) -> int | None:
     plugin = dask_worker.plugins.get(heap.HeapTrimmer.name)
     return None if plugin is None else plugin.trims
 
 
-def _cluster(kind: str):
-    """One 2 GiB worker: dfdl's (the trimmer preloaded), plain Dask's, or plain Dask's
-    with :func:`heap.install`."""
+def _cluster(kind: str, limit: str = "768MiB"):
+    """One worker: dfdl's (the trimmer preloaded), plain Dask's, or plain Dask's with
+    :func:`heap.install`. At 768 MiB, fragmenting 256 MiB takes it well over the trim
+    floor (spill 0.7: 269 MiB)."""
     from distributed import LocalCluster
 
     if kind == "dfdl":
-        return dfdl.LocalCluster(1, memory_limit="2GiB", dashboard_address=None)
+        return dfdl.LocalCluster(1, memory_limit=limit, dashboard_address=None)
     return LocalCluster(
-        n_workers=1, threads_per_worker=1, memory_limit="2GiB", dashboard_address=None
+        n_workers=1, threads_per_worker=1, memory_limit=limit, dashboard_address=None
     )
+
+
+def _floor(dask_worker) -> int:
+    return dask_worker.plugins[heap.HeapTrimmer.name].floor
 
 
 @pytest.mark.parametrize("kind", ["plain", "dfdl", "installed"])
@@ -83,6 +95,9 @@ def test_a_worker_with_the_trimmer_gives_freed_memory_back(kind):
         (idle,) = client.run(_rss).values()
         (peak,) = client.run(_fragment).values()
         assert peak - idle > 128 * MiB
+        if kind != "plain":
+            (floor,) = client.run(_floor).values()
+            assert peak > floor + 64 * MiB  # the test's premise: over the floor
         deadline = time.monotonic() + 5
         while True:
             (now,) = client.run(_rss).values()
@@ -98,6 +113,22 @@ def test_a_worker_with_the_trimmer_gives_freed_memory_back(kind):
         else:
             assert trims >= 1
             assert now - idle < 64 * MiB  # back near the idle footprint
+
+
+def test_a_worker_far_under_its_thresholds_keeps_its_free_heap():
+    """Under the floor trimming would only cost page faults: the next step allocates the
+    same memory again."""
+    with _cluster("dfdl", "8GiB") as cluster, Client(cluster) as client:
+        (idle,) = client.run(_rss).values()
+        (peak,) = client.run(_fragment).values()
+        (floor,) = client.run(_floor).values()
+        assert peak - idle > 128 * MiB
+        assert peak < floor  # the premise: 0.35 * 8 GiB
+        time.sleep(0.5)  # 25 checks
+        (now,) = client.run(_rss).values()
+        (trims,) = client.run(_plugin_trims).values()
+        assert trims == 0
+        assert now - idle > 128 * MiB
 
 
 def _measured_after_fragmenting(dask_worker) -> tuple[int, int]:
