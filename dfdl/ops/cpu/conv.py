@@ -324,9 +324,9 @@ def conv_cpu(
                 _im2col(xg[n0 + i], cols, i * step, r0, r1, out_h, out_w, k, s, d, p)
             if n1 - n0 == 1:
                 matmul(w2[g], cols, out=yg[n0, :, r0 * out_w : r1 * out_w])
-            else:
-                res = matmul(w2[g], cols).reshape(mg, n1 - n0, npos)
-                yg[n0:n1] = res.transpose(1, 0, 2)
+            else:  # one product per sample, each into its place (one batched BLAS call)
+                per_sample = cols.reshape(kk, n1 - n0, step).transpose(1, 0, 2)
+                matmul(w2[g], per_sample, out=yg[n0:n1, :, r0 * out_w : r1 * out_w])
     if B is not None:
         y += B.reshape(1, m, 1)
     return y.reshape((n, m, *geo.out))
@@ -590,10 +590,9 @@ def conv_grad_weight_cpu(
             cols = buf[: kk * step * (n1 - n0)].reshape(kk, step * (n1 - n0))
             for i in range(n1 - n0):
                 _im2col(xg[n0 + i], cols, i * step, r0, r1, out_h, out_w, k, s, d, p)
-            if n1 - n0 == 1:
-                dyb = dyg[n0, :, r0 * out_w : r1 * out_w]
-            else:  # samples side by side, as in cols: (M/g, n * positions)
-                dyb = dyg[n0:n1].transpose(1, 0, 2).reshape(mg, (n1 - n0) * npos)
-            # contract positions: dW_g += dY_g @ cols^T (BLAS reads the transpose in place)
-            matmul(dyb, cols.T, dw[g], accumulate=True)
+            # contract positions: dW_g += dY_g @ cols^T (BLAS reads the transpose in place),
+            # sample by sample (gathering dY's samples side by side was a copy of dY)
+            for i in range(n1 - n0):
+                dyb = dyg[n0 + i, :, r0 * out_w : r1 * out_w]
+                matmul(dyb, cols[:, i * step : (i + 1) * step].T, dw[g], accumulate=True)
     return dw.reshape(wshape)
