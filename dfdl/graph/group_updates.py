@@ -11,6 +11,12 @@ and per-step scalars with ``dfdl.UpdateGroup`` nodes (:mod:`dfdl.ops.optim`) of 
 member, so results are bit for bit those of the ungrouped graph, and their outputs keep
 the members' names, so nothing downstream changes.
 
+A split BatchNorm's running statistics update (``dfdl.BatchNormRunning``) is grouped the
+same way, by :meth:`dfdl.graph.training.TrainingGraph.split_batch_norms` when
+:data:`GROUP_RUNNING` is on: its tasks took microseconds each, right where both threads
+wait on the merge of a layer's moments (ResNet: 145 -> 131 tasks per step, 0.675
+against 0.708 s).
+
 A group runs once all its members' gradients exist, at the end of the backward pass,
 where the first layers' gradients arrive anyway; the next step's forward reads the
 first layers' parameters first. A group is one whole task: where it does not fit a
@@ -23,6 +29,7 @@ Example:
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 
 from dfdl.graph.ir import Graph, Node
 from dfdl.ops.optim import GROUPABLE
@@ -31,17 +38,23 @@ from dfdl.ops.registry import DFDL_DOMAIN
 #: largest parameter (bytes) whose update joins a group: biases, normalization scales
 #: and small kernels; larger updates run long enough for their task's overhead
 GROUP_BYTES = 256 << 10
+#: whether a split BatchNorm's running statistics (``dfdl.BatchNormRunning``, one tiny
+#: task per normalization and step) update in groups too
+GROUP_RUNNING = True
 #: most parameter bytes in one group (its task holds each member's param, gradient,
 #: state and results whole: a few times this, within the smallest workers' budgets)
 GROUP_TOTAL_BYTES = 1 << 20
 
 
 def group_small_updates(
-    graph: Graph, max_bytes: int = GROUP_BYTES, max_total: int = GROUP_TOTAL_BYTES
+    graph: Graph,
+    max_bytes: int = GROUP_BYTES,
+    max_total: int = GROUP_TOTAL_BYTES,
+    ops: Collection[str] = ("SGDUpdate", "AdamUpdate"),
 ) -> int:
-    """Replace the update nodes of parameters of at most ``max_bytes`` by
-    ``dfdl.UpdateGroup`` nodes of at most ``max_total`` parameter bytes, in place;
-    returns how many update nodes were grouped.
+    """Replace the update nodes (of the op types ``ops``) of parameters of at most
+    ``max_bytes`` by ``dfdl.UpdateGroup`` nodes of at most ``max_total`` parameter
+    bytes, in place; returns how many update nodes were grouped.
 
     Example:
         >>> group_small_updates(tg.graph)  # doctest: +SKIP
@@ -50,7 +63,9 @@ def group_small_updates(
     read = {v for n in graph.nodes for v in (*n.inputs, *n.after) if v}
     groups: dict[tuple, list[Node]] = defaultdict(list)
     for n in graph.nodes:
-        if n.domain != DFDL_DOMAIN or n.op_type not in GROUPABLE or n.after:
+        if n.domain != DFDL_DOMAIN or n.op_type not in GROUPABLE or n.op_type not in ops:
+            continue
+        if n.after:
             continue
         if graph.types[n.inputs[0]].nbytes > max_bytes:
             continue
@@ -86,10 +101,11 @@ def group_small_updates(
         inputs = list(names)
         for m in members:
             inputs += [v for i, v in enumerate(m.inputs) if i not in shared_at]
+        prefix = "norms" if op_type == "BatchNormRunning" else "optim"
         name = next(
-            f"optim.{op_type}.group{j}"
+            f"{prefix}.{op_type}.group{j}"
             for j in range(len(taken) + 1)
-            if f"optim.{op_type}.group{j}" not in taken
+            if f"{prefix}.{op_type}.group{j}" not in taken
         )
         taken.add(name)
         node = Node(
@@ -105,7 +121,7 @@ def group_small_updates(
                 "n_shared": len(names),
             },
             DFDL_DOMAIN,
-            phase="update",
+            phase=members[0].phase,
         )
         for m in members[:-1]:
             grouped[id(m)] = None

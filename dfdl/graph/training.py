@@ -99,15 +99,19 @@ class TrainingGraph:
 
     def split_batch_norms(self) -> TrainingGraph:
         """A copy whose training-mode BatchNormalizations (and gradients) tile over batch
-        and space (:mod:`dfdl.graph.split_norm`).
+        and space (:mod:`dfdl.graph.split_norm`), their running statistics updated in
+        groups (:data:`dfdl.graph.group_updates.GROUP_RUNNING`).
 
         Example:
             >>> tg.split_batch_norms().plan(memory_limit=2**28)  # doctest: +SKIP
         """
+        from dfdl.graph import group_updates
         from dfdl.graph.split_norm import split_batch_norms
 
         graph = self.graph.copy()
         split_batch_norms(graph)
+        if group_updates.GROUP_RUNNING:
+            group_updates.group_small_updates(graph, ops=("BatchNormRunning",))
         return dataclasses.replace(self, graph=graph)
 
     def fuse_batch_norm_relu(self) -> TrainingGraph:

@@ -182,8 +182,9 @@ def AdamUpdate(
 # ------------------------------------------------------------------------- UpdateGroup
 
 #: the update ops a group may hold, and the input positions of their per-step scalars
-#: (shared by every parameter of an optimizer step)
-GROUPABLE = {"SGDUpdate": (2, 4), "AdamUpdate": (4, 5, 6)}
+#: (shared by every parameter of an optimizer step); a split BatchNorm's running
+#: statistics update (:mod:`dfdl.ops.batch_norm_split`) has none
+GROUPABLE = {"SGDUpdate": (2, 4), "AdamUpdate": (4, 5, 6), "BatchNormRunning": ()}
 
 
 def _members(inputs, update: str, layout, arity: int, n_shared: int) -> list[list]:
@@ -237,7 +238,8 @@ def run_group(kernel_of, inputs, update, layout, arity, n_shared, attrs) -> tupl
     differentiable=False,
 )
 def UpdateGroup(*inputs, update, layout, arity, n_shared, **attrs):
-    """Several parameters' ``update`` ops (``SGDUpdate``/``AdamUpdate``) in one node.
+    """Several parameters' ``update`` ops (``SGDUpdate``/``AdamUpdate``, or a split
+    BatchNorm's running statistics, ``BatchNormRunning``) in one node.
 
     Inputs are the ``n_shared`` per-step scalars, then each member's ``arity`` tensor
     inputs; ``layout`` places them in the member op's input order. Outputs are the
@@ -256,4 +258,6 @@ def UpdateGroup(*inputs, update, layout, arity, n_shared, **attrs):
 
 
 def _member_forward(update: str):
-    return {"SGDUpdate": SGDUpdate, "AdamUpdate": AdamUpdate}[update]
+    from dfdl.ops.registry import lookup
+
+    return lookup(update, DFDL_DOMAIN).forward

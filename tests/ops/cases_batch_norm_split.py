@@ -11,6 +11,7 @@ import numpy as np
 from onnx import TensorProto
 
 from tests.ops.case import OpCase, rand
+from tests.ops.cases_optim import _group
 
 F32, F64 = np.float32, np.float64
 
@@ -282,3 +283,22 @@ CASES = [
         id="f32",
     ),
 ]
+
+
+def _running(x, seed: int, id: str) -> OpCase:
+    c = x.shape[1]
+    return OpCase(
+        "BatchNormRunning",
+        [_moments(x), rand(c, seed=seed), rand(c, seed=seed + 1, low=0.5, high=2.0)],
+        attrs={"momentum": 0.7, "x_dtype": TensorProto.FLOAT},
+        n_outputs=2,
+        domain="dfdl",
+        reference=_running_ref(0.7),
+        id=id,
+    )
+
+
+# the running statistics of several split BatchNorms, one task (dfdl.graph.group_updates)
+CASES.append(
+    _group([_running(X4, 9, "a"), _running(rand(2, 3, 5, seed=4), 11, "b")], id="group_running")
+)
