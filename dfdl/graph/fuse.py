@@ -25,13 +25,20 @@ A task ``t`` is absorbed into its consumer ``u`` when
   their consumers they changed the order the worker ran them in: the MLP's steps got
   15% slower (its weight gradients fused into the optimizer's update). The exception
   is a small contraction (its tile reads and writes at most :data:`LIGHT_BYTES`) whose
-  consumer is light and by the level rule above starts when it ends: a MatMul and its
-  bias Add, a GEMM and its Relu. It runs inside the consumer, unless that consumer
-  itself ends up inside a task that is not light. Steps with that, against without
-  (``python bench/ab.py``, medians of 3 alternating rounds, same losses): transformer
-  2.53 -> 2.32 s, U-Net 1.21 -> 1.19 s, ResNet 1.05 -> 1.05 s. The MLP's GEMM tiles
-  (80 MiB) are not small: absorbed into their Relus, they made its step 3% slower
-  (0.805 -> 0.831 s, 4 rounds).
+  consumer is light: a MatMul and its bias Add, a GEMM and its Relu. It runs inside the
+  consumer, unless that consumer itself ends up inside a task that is not light. Steps
+  with that, against without (``python bench/ab.py``, medians of 3 alternating rounds,
+  same losses): transformer 2.53 -> 2.32 s, U-Net 1.21 -> 1.19 s, ResNet 1.05 -> 1.05
+  s. The MLP's GEMM tiles (80 MiB) are not small: absorbed into their Relus, they made
+  its step 3% slower (0.805 -> 0.831 s, 4 rounds). Small contractions that are
+  siblings (partial products of one light sum, which the level rule keeps apart) run
+  inside it one after another too (switch :data:`SMALL_PARTIALS`): the transformer's
+  weight-gradient partials inside their Adam updates, the MLP's 4096 x 10 head, a
+  ResNet's smallest convolution weight gradients. Tasks per step MLP 73 -> 69,
+  transformer 304 -> 287, ResNet 131 -> 124, U-Net 130 -> 120; ``python bench/ab.py
+  WORKLOAD dfdl.graph.fuse.SMALL_PARTIALS --b True --fresh`` (3 rounds, same losses,
+  B = on): ResNet 0.652 against 0.668 s, MLP 0.757 against 0.774 s, transformer 1.860
+  against 1.898 s, U-Net 1.036 against 1.043 s.
 
 Chains collapse: ``a -> b -> u`` becomes one task keyed ``u``. The fused task keeps
 the consumer's key, so the dashboard shows its time under the consumer's name.
@@ -125,6 +132,9 @@ SIBLINGS = True
 #: whether a light partial of a merge runs inside the task that produces its input
 #: (``_partials_at_producer``)
 PARTIALS_AT_PRODUCER = True
+#: whether a small contraction runs inside its light consumer also where that consumer
+#: waits for a sibling (partial products of one sum, the head of a model-split MLP)
+SMALL_PARTIALS = True
 #: whether fused tasks run their members in an order fixed when the graph is built
 #: (:func:`fused`) rather than through ``dask.task_spec.Task.fuse``
 ORDERED = True
@@ -190,7 +200,13 @@ def fuse_into_consumers(
             continue
         first = all(level[v] < level[t] for v in deps[u] if v != t)
         if stays is not None and stays(t):
-            if first and small is not None and small(t) and light is not None and light(u):
+            if (
+                (first or SMALL_PARTIALS)
+                and small is not None
+                and small(t)
+                and light is not None
+                and light(u)
+            ):
                 absorbed[t] = u
             continue
         if (light is not None and light(t)) or first:

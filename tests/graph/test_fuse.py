@@ -171,12 +171,18 @@ def test_a_contraction_never_ends_up_in_a_heavy_task():
     assert set(neither) == {"x", "b", "g", "w"}
 
 
-def test_a_contraction_is_not_absorbed_where_it_would_wait_for_a_sibling():
+def test_small_partials_run_inside_their_light_sum(monkeypatch):
     dsk = _sum_of_two_partials()  # p1 and p2: the same level
-    p1 = lambda k: k == "p1"  # noqa: E731
-    fused = fuse_into_consumers(dsk, keep=["s"], stays=p1, light=lambda k: k == "s", small=p1)
-    assert set(fused) == set(dsk)  # p1 would wait for p2 inside s: both stay
+    parts = lambda k: k in ("p1", "p2")  # noqa: E731
+    light = lambda k: k == "s"  # noqa: E731
+    fused = fuse_into_consumers(dsk, keep=["s"], stays=parts, light=light, small=parts)
+    assert set(fused) == {"x1", "x2", "s"}  # one task: p1, p2, then their sum
     assert _values(fused, ["s"]) == {"s": 9.0}
+    big = fuse_into_consumers(dsk, keep=["s"], stays=parts, light=light, small=lambda k: False)
+    assert set(big) == set(dsk)  # partials that are not small run side by side
+    monkeypatch.setattr(fuse, "SMALL_PARTIALS", False)
+    apart = fuse_into_consumers(dsk, keep=["s"], stays=parts, light=light, small=parts)
+    assert set(apart) == set(dsk)  # switched off: p1 would wait for p2 inside s, both stay
 
 
 def _activation_read_again_later():
