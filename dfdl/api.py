@@ -74,7 +74,9 @@ def plan(
         model: ONNX path, bytes or ModelProto.
         batch_size: size of axis 0 of every input whose axis 0 is symbolic.
         tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
-            (``space``: slabs along the first spatial axis of convolutions/pools).
+            (``space``: slabs along the first spatial axis of convolutions/pools;
+            optionally ``"min_weight_tile"``: bytes below which a weight's model tiles
+            keep its outputs' model axes whole, as the automatic tiles do).
         dims: sizes of other symbolic dimensions, e.g. ``{"seq": 256}``.
         workers: worker threads to plan for (default: this machine's cores).
         memory_limit: each worker's memory limit (bytes or a string like ``"1GiB"``);
@@ -128,7 +130,9 @@ def run(
         client: a ``distributed.Client``; None starts an embedded LocalCluster (one
             worker process per core) and shuts it down afterwards.
         tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
-            (``space``: slabs along the first spatial axis of convolutions/pools).
+            (``space``: slabs along the first spatial axis of convolutions/pools;
+            optionally ``"min_weight_tile"``: bytes below which a weight's model tiles
+            keep its outputs' model axes whole, as the automatic tiles do).
 
     Returns:
         ``{output name: numpy array}`` for every graph output.

@@ -57,7 +57,9 @@ def parse_tiles(text: str) -> dict[str, int] | str | None:
         return None
     if text == "uneven":
         return "uneven"
-    return _key_values(text, "--tiles", ("batch", "model", "space", "split_norms"))
+    return _key_values(
+        text, "--tiles", ("batch", "model", "space", "min_weight_tile", "split_norms")
+    )
 
 
 def parse_dims(text: str) -> dict[str, int]:
@@ -562,7 +564,10 @@ def _add_training_args(p: argparse.ArgumentParser, batch_default: int | None) ->
 
 
 _DEBUG_HELP = "show the full traceback of an error"
-_TILES_HELP = "tiling: auto (default), uneven, or batch=B,model=M,space=S[,split_norms=1]"
+_TILES_HELP = (
+    "tiling: auto (default), uneven, or batch=B,model=M,space=S[,min_weight_tile=BYTES]"
+    "[,split_norms=1]"
+)
 _OPTIMIZER_HELP = "torch-equivalent optimizer (default sgd)"
 
 

@@ -183,7 +183,9 @@ def train(
         client: a ``distributed.Client``; None starts an embedded LocalCluster.
         tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
             (``space``: slabs along the first spatial axis of convolutions/pools;
-            ``"split_norms": 1`` tiles BatchNormalization over batch and space too).
+            ``"split_norms": 1`` tiles BatchNormalization over batch and space too;
+            ``"min_weight_tile"``: bytes below which a weight's model tiles keep its
+            outputs' model axes whole, as the automatic tiles do).
         checkpoint_dir: where checkpoints go; with ``checkpoint_every`` steps.
         checkpoint_every: steps between checkpoints.
         progress: a tqdm bar on a terminal (steps, loss, samples/s).

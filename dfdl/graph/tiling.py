@@ -47,6 +47,12 @@ MIN_TILE_BYTES = 256 * 2**10
 #: automatic planning splits the model instead of the batch when a weight is at least
 #: this big and bigger than every activation (see :func:`_auto_tiles`)
 MODEL_SPLIT_BYTES = 16 * 2**20
+#: the keys of a ``tiles=`` dict. ``min_weight_tile`` (bytes): a weight whose model tiles
+#: would be smaller keeps the model axes of its outputs whole; the automatic tiling sets
+#: it to ``MIN_TILE_BYTES`` (the MLP's 4096 x 10 head: its 10 logits in two tiles of 5
+#: made 8 more tasks per step and two more dependency hops), tiles refined for a memory
+#: limit split every weight again
+TILES_KEYS = ("batch", "model", "space", "min_weight_tile")
 #: most partial results one combine task sums (bounded fan-in, tree order fixed)
 REDUCE_FAN_IN = 4
 #: share of a worker's memory limit one task may use: the rest holds other tasks' tiles
@@ -261,16 +267,28 @@ class _Policy:
     batch: int = 1
     model: int = 1
     space: int = 1
+    # bytes: a weight whose model tiles would be smaller keeps its outputs' model axes whole
+    min_weight_tile: int = 0
 
     def tiles(self) -> dict[str, int] | str:
-        """The tiling as ``tiles=`` spells it ("space" only when it splits)."""
+        """The tiling as ``tiles=`` spells it ("space" only when it splits,
+        "min_weight_tile" only where the model splits)."""
         if self.mode == "uneven":
             return "uneven"
         out = {"batch": self.batch, "model": self.model}
-        return {**out, "space": self.space} if self.space > 1 else out
+        if self.space > 1:
+            out["space"] = self.space
+        if self.model > 1 and self.min_weight_tile:
+            out["min_weight_tile"] = self.min_weight_tile
+        return out
 
     def grown(self, batch: int, model: int, space: int) -> _Policy:
+        # finer tiles for a memory limit split every weight again
         return _Policy("split", self.batch * batch, self.model * model, self.space * space)
+
+    def splits_weight(self, nbytes: int) -> bool:
+        """Whether a weight of ``nbytes`` splits the model axes of the outputs it feeds."""
+        return nbytes >= self.model * self.min_weight_tile
 
     def chunks(self, size: int, roles: set[str]) -> tuple[int, ...]:
         if self.mode == "uneven":
@@ -324,20 +342,28 @@ def _policy(tiles, graph: Graph, cores: int, weights: set[str]) -> _Policy:
     if tiles == "uneven":
         return _Policy("uneven")
     if tiles is None:
-        tiles = _auto_tiles(graph, cores, weights)
+        auto = _auto_tiles(graph, cores, weights)
+        return _Policy("split", auto["batch"], auto["model"], 1, MIN_TILE_BYTES)
     if not isinstance(tiles, Mapping):
         raise PlanError(
             "tiles must be None, 'uneven' or a dict like {'batch': 4, 'model': 2, 'space': 2}, "
             f"not {tiles!r}"
         )
-    bad = [k for k in tiles if k not in ("batch", "model", "space")]
+    bad = [k for k in tiles if k not in TILES_KEYS]
     if bad:
-        raise PlanError(f"tiles: unknown key(s) {bad}; use 'batch', 'model' and 'space'")
+        raise PlanError(
+            f"tiles: unknown key(s) {bad}; use 'batch', 'model', 'space' and 'min_weight_tile'"
+        )
     for k, v in tiles.items():
-        if not isinstance(v, int | np.integer) or v < 1:
-            raise PlanError(f"tiles[{k!r}] must be a positive integer, not {v!r}")
+        if not isinstance(v, int | np.integer) or v < (0 if k == "min_weight_tile" else 1):
+            kind = "a non-negative" if k == "min_weight_tile" else "a positive"
+            raise PlanError(f"tiles[{k!r}] must be {kind} integer, not {v!r}")
     return _Policy(
-        "split", int(tiles.get("batch", 1)), int(tiles.get("model", 1)), int(tiles.get("space", 1))
+        "split",
+        int(tiles.get("batch", 1)),
+        int(tiles.get("model", 1)),
+        int(tiles.get("space", 1)),
+        int(tiles.get("min_weight_tile", 0)),
     )
 
 
@@ -500,13 +526,14 @@ def _build(graph: Graph, policy: _Policy, weights: set[str], carry: Mapping[str,
             if not name or s is None:
                 continue
             is_weight = name in graph.initializers or name in weights
+            splits = is_weight and policy.splits_weight(graph.types[name].nbytes)
             for axis, ch in enumerate(s):
                 if ch == "." or (i, axis) in spec.windows:
                     continue
                 if graph.types[name].shape[axis] != sizes[ch]:
                     continue
                 letter_roles[ch] |= roles.get((name, axis), set())
-                if is_weight and ch in out_letters:
+                if splits and ch in out_letters:
                     letter_roles[ch].add("model")
         if spec.spatial[:1] in letter_roles:
             letter_roles[spec.spatial[0]].add("space")  # slabs along the outermost axis

@@ -214,12 +214,36 @@ def test_automatic_tiles_split_the_model_when_weights_outweigh_activations():
         weights = [n for n in graph.types if n.endswith((".weight", ".bias"))]
         assert max(graph.types[w].nbytes for w in weights) >= MODEL_SPLIT_BYTES
         plan = make_plan(graph, None, cores=cores, weights=weights)
+        if want["model"] > 1:  # the automatic tiling keeps small weights' outputs whole
+            want = {**want, "min_weight_tile": MIN_TILE_BYTES}
         assert plan.tiles == want, (batch, cores)
         assert_chunks_cover_shapes(plan)
     small = ZOO["mlp"](sizes=(64, 1024, 10))  # 4 MiB: the batch splits as before
     graph = dfdl.plan(small, batch_size=64, tiles={"batch": 1}).graph
     weights = [n for n in graph.types if n.endswith((".weight", ".bias"))]
     assert make_plan(graph, None, cores=2, weights=weights).tiles["model"] == 1
+
+
+def test_automatic_model_split_keeps_a_small_weights_outputs_whole():
+    model = ZOO["mlp"](sizes=(64, 2048, 2048, 10))  # 16 MiB weights, an 80 KiB head
+    graph = dfdl.plan(model, batch_size=64, tiles={"batch": 1}).graph
+    weights = [n for n in graph.types if n.endswith((".weight", ".bias"))]
+    auto = make_plan(graph, None, cores=2, weights=weights)
+    explicit = make_plan(graph, {"batch": 1, "model": 2}, cores=2, weights=weights)
+    assert auto.tiles == {"batch": 1, "model": 2, "min_weight_tile": MIN_TILE_BYTES}
+    for plan in (auto, explicit):
+        assert plan.chunks["layers.1.weight"] == ((1024, 1024), (1024, 1024))
+    assert auto.chunks["logits"] == ((64,), (10,))
+    assert auto.chunks["layers.2.weight"] == ((10,), (1024, 1024))  # K still split
+    assert explicit.chunks["logits"] == ((64,), (5, 5))
+    assert auto.n_tasks() < explicit.n_tasks()
+    # the tiles repeat the plan, and a lower bound splits the head again
+    again = make_plan(graph, auto.tiles, cores=2, weights=weights)
+    assert again.chunks == auto.chunks
+    lower = make_plan(graph, {"batch": 1, "model": 2, "min_weight_tile": 1024}, weights=weights)
+    assert lower.chunks == explicit.chunks
+    with pytest.raises(PlanError, match="min_weight_tile"):
+        make_plan(graph, {"batch": 1, "model": 2, "min_weight_tile": -1}, weights=weights)
 
 
 @pytest.mark.parametrize("name", PLAN_CASES)
