@@ -57,9 +57,10 @@ def parse_tiles(text: str) -> dict[str, int] | str | None:
         return None
     if text == "uneven":
         return "uneven"
-    return _key_values(
-        text, "--tiles", ("batch", "model", "space", "min_weight_tile", "split_norms")
-    )
+    from dfdl.graph.tiling import TILES_KEYS
+    from dfdl.graph.training import SPLIT_NORMS
+
+    return _key_values(text, "--tiles", (*TILES_KEYS, SPLIT_NORMS))
 
 
 def parse_dims(text: str) -> dict[str, int]:

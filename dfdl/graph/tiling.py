@@ -351,9 +351,7 @@ def _policy(tiles, graph: Graph, cores: int, weights: set[str]) -> _Policy:
         )
     bad = [k for k in tiles if k not in TILES_KEYS]
     if bad:
-        raise PlanError(
-            f"tiles: unknown key(s) {bad}; use 'batch', 'model', 'space' and 'min_weight_tile'"
-        )
+        raise PlanError(f"tiles: unknown key(s) {bad}; use {', '.join(map(repr, TILES_KEYS))}")
     for k, v in tiles.items():
         if not isinstance(v, int | np.integer) or v < (0 if k == "min_weight_tile" else 1):
             kind = "a non-negative" if k == "min_weight_tile" else "a positive"
