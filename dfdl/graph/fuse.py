@@ -99,6 +99,23 @@ contractions (a ReluGrad before a BatchNorm's gradient sums) are left out: with 
 the U-Net measured 1.325 against 1.316 s and the transformer (its bias gradients'
 partial sums) 2.432 against 2.397 s.
 
+A merge of tiny partials (``combine`` of values of at most :data:`TINY_BYTES` per
+tile: a split BatchNorm's per-channel moments or gradient sums) also runs inside each
+of its readers one level up (``_merges_in_readers``, switch ``MERGES_IN_READERS``):
+the next layer's tiles add the few values per channel themselves, so they wait for one
+round trip after the last partial instead of two (partial -> merge -> reader). The
+merge stays a task where later readers (the running statistics, the backward pass)
+read it. A merge that absorbed other work (per-tile sums) is left alone: it is no
+longer tiny, and every reader would repeat that work. Running it inside the later
+readers too, so that no merge task is left, measured slower (README).
+The trainer passes ``tiny`` only for a cluster of one worker process: on several,
+every reader would fetch every tile's packed output (the activation with its partial)
+where one merge fetched them once. Tasks per step ResNet 122 -> 115, U-Net 118 -> 109,
+MLP one fewer (the head's sum of two partial products); ``python bench/ab.py WORKLOAD
+dfdl.graph.fuse.MERGES_IN_READERS --b False --steps 6 --fresh`` (B = off), same losses:
+ResNet 0.710 against 0.770 s (5 rounds), 0.658 against 0.666 s (6 rounds); U-Net 1.148
+against 1.228 s (4 rounds); MLP 0.871 against 0.889 s (6 rounds, within noise).
+
 A fused task runs its members in an order fixed when the graph is built (:func:`fused`),
 not through ``Task.fuse``, whose worker-side ``execute_graph`` orders the subgraph again
 at every execution while holding the GIL. ``python bench/ab.py WORKLOAD
@@ -118,11 +135,14 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from dask.task_spec import Task, TaskRef
 
-from dfdl.ops.tile_exec import Outputs
+from dfdl.ops.tile_exec import Outputs, combine
 
 #: a task whose tile reads and writes at most this many bytes is "light" (a few ms of
 #: memory traffic, against a task's ~1.3 ms of scheduler and worker CPU on 2 cores)
 LIGHT_BYTES = 40 << 20
+#: a node whose output tiles take at most this many bytes has "tiny" outputs (a
+#: BatchNorm's per-channel moments): a merge of them costs microseconds to run again
+TINY_BYTES = 64 << 10
 #: whether a light task with later readers runs inside its first reader (``_carriers``)
 CARRY = True
 #: whether a light task read by a few tasks at once runs inside each (``_duplicated``)
@@ -141,6 +161,9 @@ SMALL_PARTIALS = True
 #: whether fused tasks run their members in an order fixed when the graph is built
 #: (:func:`fused`) rather than through ``dask.task_spec.Task.fuse``
 ORDERED = True
+#: whether a merge of tiny partials also runs inside each of its readers one level up
+#: (:func:`_merges_in_readers`)
+MERGES_IN_READERS = True
 
 
 def _levels(deps: Mapping[Hashable, set]) -> tuple[list, dict]:
@@ -158,6 +181,7 @@ def fuse_into_consumers(
     stays: Callable[[Hashable], bool] | None = None,
     light: Callable[[Hashable], bool] | None = None,
     small: Callable[[Hashable], bool] | None = None,
+    tiny: Callable[[Hashable], bool] | None = None,
 ) -> dict:
     """The graph with every single-consumer task absorbed into its consumer (see the
     module docstring); ``keep``: keys that must stay (requested outputs).
@@ -172,6 +196,9 @@ def fuse_into_consumers(
             consumer's other inputs (tasks of at most :data:`LIGHT_BYTES`).
         small: keys of tasks that stay for which it returns True (contractions of at
             most :data:`LIGHT_BYTES`) may still run inside a light consumer.
+        tiny: keys for which it returns True are tasks whose outputs are a few values
+            (per-channel sums): a merge of such partials also runs inside each of its
+            readers one level up (:func:`_merges_in_readers`).
 
     Returns:
         A new graph with the same requested keys and values and fewer tasks.
@@ -272,7 +299,11 @@ def fuse_into_consumers(
             inner = [dsk[a] for m in chain for a in (*members.get(m, ()), m)] + inner + [node]
             node = Task(_pack_key(k), _pack, TaskRef(k), *(TaskRef(m) for m in packed[k]))
         out[k] = (fused if ORDERED else Task.fuse)(*inner, node, key=k) if inner else node
-    if slot or twice:
+    inline: dict = {}  # merge -> the readers that run it again inside their own tasks
+    if tiny is not None and MERGES_IN_READERS:
+        done = twice | set(chains) | set(members)
+        inline = _merges_in_readers(out, keep, readers, level, done, tiny)
+    if slot or twice or inline:
         subs: dict = {}  # reader -> its substitutions
         for v, (c, i) in slot.items():
             for r in readers[v]:
@@ -281,9 +312,12 @@ def fuse_into_consumers(
         by_task: dict = {}
         for r, sub in subs.items():
             by_task.setdefault(task_of(r), {}).update(sub)
-        for t in (k for k in order if k in twice):  # producers first
+        for t in (k for k in order if k in twice or k in inline):  # producers first
             node = out.pop(t).substitute(by_task.pop(t, {}))
-            for r in readers[t]:
+            inside = inline.get(t, readers[t])
+            if len(inside) < len(readers[t]):  # later readers still read its task
+                out[t] = node
+            for r in inside:
                 by_task.setdefault(task_of(r), {})[t] = node
         for r, sub in by_task.items():
             out[r] = out[r].substitute(sub)
@@ -356,6 +390,26 @@ def _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays
         and 2 <= len(readers[t]) <= MAX_COPIES
         and _read_at_once(t, dsk, deps, readers, level, light, stays)
     }
+
+
+def _merges_in_readers(out, keep, readers, level, done, tiny) -> dict:
+    """Merges of tiny partials (``lower``'s ``combine`` of a split BatchNorm's per-tile
+    moments or gradient sums) that run again inside each reader one level up:
+    ``{merge: those readers}``. Every tile of the next layer then waits for one round
+    trip after the last partial, not two (partial -> merge -> reader), and adds a few
+    values per channel itself. The merge stays a task of its own where later readers
+    (the running statistics, the backward pass) read it too. Not taken for a merge that
+    absorbed other tasks (it is no longer tiny) or carries some (``done``)."""
+    picked: dict = {}
+    for t, node in out.items():
+        if t in keep or t in done or type(node) is not Task or node.func is not combine:
+            continue
+        if not tiny(t):
+            continue
+        up = [r for r in readers[t] if level[r] == level[t] + 1]
+        if up:
+            picked[t] = up
+    return picked
 
 
 def _read_at_once(t, dsk, deps, readers, level, light, stays) -> bool:

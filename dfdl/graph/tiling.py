@@ -121,6 +121,7 @@ class Plan:
     tiles: object = None  # the tiling used: {"batch": b, "model": m} or "uneven"
     task_bytes: dict[str, int] = field(default_factory=dict)
     task_memory: dict[str, int] = field(default_factory=dict)
+    output_bytes: dict[str, int] = field(default_factory=dict)  # largest task's outputs
     memory_limit: int | None = None
     footprint: int = 0  # the worker process's own bytes, counted against memory_limit
 
@@ -515,6 +516,7 @@ def _build(graph: Graph, policy: _Policy, weights: set[str], carry: Mapping[str,
     node_plans: list[NodePlan] = []
     task_bytes: dict[str, int] = {}
     task_memory: dict[str, int] = {}
+    output_bytes: dict[str, int] = {}
     for node in graph.nodes:
         spec = node_spec(node, graph)
         sizes = _letter_sizes(node, spec, graph)
@@ -587,13 +589,14 @@ def _build(graph: Graph, policy: _Policy, weights: set[str], carry: Mapping[str,
         ins, outs = _max_task_bytes(np_, graph)
         task_bytes[node.name] = ins + outs
         task_memory[node.name] = ins + 2 * outs  # temporaries: about the outputs again
+        output_bytes[node.name] = outs
     for name in graph.outputs:
         if name not in chunks:
             chunks[name] = tuple((d,) for d in graph.types[name].shape)
     for name, new in carry.items():
         if name in chunks and new in chunks and graph.types[name].shape == graph.types[new].shape:
             chunks[name] = chunks[new]
-    return Plan(graph, chunks, node_plans, policy.tiles(), task_bytes, task_memory)
+    return Plan(graph, chunks, node_plans, policy.tiles(), task_bytes, task_memory, output_bytes)
 
 
 def _channels_for_batch(

@@ -22,7 +22,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
-from dfdl.graph.fuse import LIGHT_BYTES, fuse_into_consumers
+from dfdl.graph.fuse import LIGHT_BYTES, TINY_BYTES, fuse_into_consumers
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import Plan
 from dfdl.graph.training import TrainingGraph
@@ -215,6 +215,9 @@ def run_steps(
             stays=_contractions(used.values(), token),
             light=_light(used.values(), token),
             small=_small_contractions(used.values(), token),
+            # one worker process only: elsewhere each reader would fetch every tile's
+            # packed output (activation and partial) instead of one merge fetching them
+            tiny=_tiny_outputs(used.values(), token) if _one_worker(client) else None,
         )
     t1 = time.perf_counter()
     futures = dict(zip(wanted, submit.get(client, dsk, wanted, sync=False)))
@@ -265,6 +268,22 @@ def _light(step_plans, token: str) -> Callable:
     tile reads and writes at most ``LIGHT_BYTES`` (:mod:`dfdl.graph.fuse`)."""
     return _node_tasks(
         step_plans, token, lambda op, n, plan: not op.contraction and _within_light_bytes(n, plan)
+    )
+
+
+def _one_worker(client) -> bool:
+    """Whether the client's cluster is one worker process (tiles never move)."""
+    return len(client.scheduler_info(n_workers=2).get("workers", {})) == 1
+
+
+def _tiny_outputs(step_plans, token: str) -> Callable:
+    """Whether a task key is a tile task of a node whose largest output tile is at most
+    ``TINY_BYTES`` (per-channel sums: :mod:`dfdl.graph.fuse` runs a merge of them
+    inside its readers)."""
+    return _node_tasks(
+        step_plans,
+        token,
+        lambda op, n, plan: plan.output_bytes.get(n.name, TINY_BYTES + 1) <= TINY_BYTES,
     )
 
 

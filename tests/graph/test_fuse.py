@@ -15,6 +15,7 @@ import dfdl
 import dfdl.models
 from dfdl.graph import fuse
 from dfdl.graph.fuse import fuse_into_consumers, fused
+from dfdl.ops.tile_exec import combine
 
 train_module = sys.modules["dfdl.train"]
 
@@ -341,6 +342,72 @@ def test_a_light_partial_of_a_merge_runs_inside_the_contraction_it_reads():
     assert get_sync(plain, "c1") == 6.0 and not {"q1", "q2"} & set(plain)
 
 
+def _tiny_merge():
+    """Tiles' partials p1, p2 -> their merge m (``combine``) -> the next layer's tiles
+    n1, n2 (contractions one level up), and a later reader late of m."""
+    return {
+        "x": DataNode("x", np.float32(2.0)),
+        "p1": _t("p1", operator.mul, "x", 3.0),  # 6
+        "p2": _t("p2", operator.mul, "x", 5.0),  # 10
+        "m": Task("m", combine, "sum", TaskRef("p1"), TaskRef("p2")),  # 16
+        "n1": _t("n1", operator.sub, "p1", "m"),  # -10
+        "n2": _t("n2", operator.sub, "p2", "m"),  # -6
+        "z": _t("z", operator.add, "n1", "n2"),  # -16
+        "late": _t("late", operator.mul, "z", "m"),  # -256
+    }
+
+
+def _merge_fused(dsk, keep, tiny=lambda k: k == "m", **kw):
+    stays = kw.pop("stays", lambda k: k in ("p1", "p2", "n1", "n2"))
+    fused = fuse_into_consumers(dsk, keep=keep, light=lambda k: False, stays=stays, tiny=tiny, **kw)
+    assert _values(fused, keep) == _values(dsk, keep)
+    return fused
+
+
+def test_a_merge_of_tiny_partials_runs_again_inside_its_next_readers():
+    dsk = _tiny_merge()
+    assert _values(dsk, ["late"]) == {"late": -256.0}
+    fused = _merge_fused(dsk, ["late"])
+    # n1 and n2 merge the partials themselves; the later reader still reads m's task
+    assert {"m", "n1", "n2"} <= set(fused)
+    assert set(fused["n1"].dependencies) == {"p1", "p2"}
+    assert set(fused["n2"].dependencies) == {"p1", "p2"}
+    assert "m" in fused["late"].dependencies
+    # with next-level readers only, the merge is no task at all
+    alone = {k: v for k, v in dsk.items() if k != "late"}
+    fused = _merge_fused(alone, ["z"])
+    assert "m" not in fused and set(fused["n1"].dependencies) == {"p1", "p2"}
+
+
+def test_a_merge_stays_a_task_unless_tiny_plain_and_not_requested(monkeypatch):
+    dsk = _tiny_merge()
+
+    def inlined(fused):
+        return "m" not in fused["n1"].dependencies
+
+    assert inlined(_merge_fused(dsk, ["late"]))
+    assert not inlined(_merge_fused(dsk, ["late"], tiny=lambda k: False))
+    assert not inlined(_merge_fused(dsk, ["late"], tiny=None))
+    assert not inlined(_merge_fused(dsk, ["late", "m"]))  # requested
+    # not a merge of partials (any other function): stays
+    other = {**dsk, "m": _t("m", operator.add, "p1", "p2")}
+    assert not inlined(_merge_fused(other, ["late"]))
+    # a merge that absorbed other work is not tiny any more: stays
+    heavy = {**dsk, "q": _t("q", operator.neg, "p2")}
+    heavy["m"] = Task("m", combine, "sum", TaskRef("p1"), TaskRef("q"))
+    fused = fuse_into_consumers(
+        heavy,
+        keep=["late"],
+        light=lambda k: k == "q",
+        stays=lambda k: k in ("p1", "p2", "n1", "n2"),
+        tiny=lambda k: k == "m",
+    )
+    assert _values(fused, ["late"]) == _values(heavy, ["late"])
+    assert "q" not in fused and "m" in fused["n1"].dependencies
+    monkeypatch.setattr(fuse, "MERGES_IN_READERS", False)
+    assert not inlined(_merge_fused(dsk, ["late"]))
+
+
 def test_a_partial_stays_out_of_producers_that_are_light_requested_or_read_early():
     def carried(fused):
         return isinstance(get_sync(fused, "c1"), tuple)
@@ -489,3 +556,21 @@ def test_siblings_in_one_task_are_bit_identical_with_fewer_tasks(client, resnet_
 
 def test_partials_at_their_producers_are_bit_identical(client, resnet_like, monkeypatch):
     _switched("PARTIALS_AT_PRODUCER", client, resnet_like, monkeypatch)
+
+
+def test_merges_in_readers_are_bit_identical_with_fewer_tasks(resnet_like, monkeypatch):
+    from distributed import Client
+
+    with (
+        dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="1GiB") as cluster,
+        Client(cluster) as one,
+    ):
+        n_plain, n_inline = _switched("MERGES_IN_READERS", one, resnet_like, monkeypatch)
+    assert n_inline < n_plain, (n_inline, n_plain)
+
+
+def test_merges_stay_tasks_on_several_workers(client, resnet_like, monkeypatch):
+    # each reader would fetch every tile's packed output from the other worker
+    assert len(client.scheduler_info()["workers"]) == 2
+    n_plain, n_inline = _switched("MERGES_IN_READERS", client, resnet_like, monkeypatch)
+    assert n_inline == n_plain
