@@ -273,11 +273,7 @@ def _light(step_plans, token: str) -> Callable:
 
 def _one_worker(client) -> bool:
     """Whether the client's cluster is one worker process (tiles never move)."""
-    try:
-        info = client.scheduler_info(n_workers=2)
-    except TypeError:  # a distributed before ``n_workers``: it lists every worker
-        info = client.scheduler_info()
-    return len(info.get("workers", {})) == 1
+    return len(client.nthreads()) == 1
 
 
 def _tiny_outputs(step_plans, token: str) -> Callable:
