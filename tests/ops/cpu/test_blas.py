@@ -310,3 +310,31 @@ def test_the_rejection_handler_outlives_every_loaded_library_object():
     with pytest.raises(DfdlError, match="argument 14"):
         blas._raise_rejected(A, B, c)
     assert len(others) == 64
+
+
+def test_auto_keeps_mkl_off_cpus_that_are_not_intels(monkeypatch):
+    """MKL runs a slow generic path on AMD CPUs (bench/blas.py: 88-116 against 148-251
+    GFLOP/s for OpenBLAS on one Zen 5 thread), so ``auto`` leaves it there; ``mkl``
+    still loads it on any CPU."""
+    if blas._find_mkl() is None:
+        pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
+    monkeypatch.setenv(blas.ENV, "auto")
+    monkeypatch.setattr(blas, "cpu_vendor", lambda: "AuthenticAMD")
+    assert blas._load() is None
+    if "torch" in sys.modules:
+        return  # MKL loads in a process without torch only (tests above)
+    monkeypatch.setattr(blas, "cpu_vendor", lambda: "GenuineIntel")
+    assert isinstance(blas._load(), blas._Mkl)
+    monkeypatch.setattr(blas, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setenv(blas.ENV, "mkl")
+    assert isinstance(blas._load(), blas._Mkl)
+
+
+def test_auto_in_a_fresh_process_follows_the_cpu_vendor():
+    if blas._find_mkl() is None:
+        pytest.skip("Intel MKL is not installed (pip install dfdl[mkl])")
+    done = _backend_in_subprocess("auto")
+    assert done.returncode == 0, done.stderr
+    assert blas.cpu_vendor() is not None or sys.platform != "linux"
+    expected = "mkl" if blas.cpu_vendor() in ("GenuineIntel", None) else "numpy"
+    assert done.stdout.strip() == expected
