@@ -45,6 +45,13 @@ bookkeeping around them), over ``threads x`` the span above, is the share inside
 kernels; the rest is outside kernels: scheduling, idle threads waiting on dependencies
 and transfers (the task stream's "transfer" intervals, reported separately).
 
+Dask's floor (``bench/dask_floor.py``): the run times a level of no-op tasks (one per
+worker thread, each reading every task of the level before) on the cluster, and for
+each workload counts the tasks on the longest dependency chain of one step in the
+graphs ``dfdl.train`` submits. Every link of that chain waits for a round trip through
+the scheduler, so the step cannot be shorter than the kernels' thread-seconds per step
+over the threads plus chain x level latency (``bound``), however fast the kernels.
+
 Cold and warm start: a fresh process (``--first-step``) starts the embedded cluster and
 times two one-step ``dfdl.train`` calls; the first pays for numba compilation (cold: an
 empty ``NUMBA_CACHE_DIR``; warm: the cache the cold run filled) and first imports, the
@@ -80,6 +87,7 @@ from dfdl.ops.registry import TensorType
 from dfdl.scheduler.cluster import default_workers, local_cluster, total_threads
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dask_floor  # noqa: E402
 from forward import _machine  # noqa: E402  (bench/ is not a package)
 
 #: name -> (builder kwargs, batch, optimizer kind, optimizer kwargs, dims for dfdl.plan)
@@ -364,8 +372,32 @@ def _torch_stepper(name: str, kw: dict, model, kind: str, okw: dict, x, y, batch
     return step
 
 
-def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client) -> dict:
-    """Times dfdl and torch on one workload; returns a JSON-ready record."""
+def step_chain(client, model, x, y, batch: int, kind: str, okw: dict) -> tuple[int, int]:
+    """``(tasks, tasks on the longest dependency chain)`` of the middle step of a 3-step
+    ``dfdl.train`` call, from the graphs its scheduler received (``dask_floor``)."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(dask_floor)  # a remote scheduler lacks bench/
+    client.register_plugin(dask_floor.GraphRecorder())
+    try:
+        train_streamed(client, model, x, y, batch, kind, okw, 3)
+        deps = dask_floor.recorded(client)
+    finally:
+        client.unregister_scheduler_plugin(dask_floor.GraphRecorder.name)
+    chains = dask_floor.longest_chain_per_step(deps)
+    counts = dask_floor.tasks_per_step(deps)
+    middle = sorted(chains)[len(chains) // 2]
+    return counts[middle], chains[middle]
+
+
+def bench_workload(
+    name: str, cfg, steps: int, warmup: int, rounds: int, client, level_s: float | None = None
+) -> dict:
+    """Times dfdl and torch on one workload; returns a JSON-ready record. With
+    ``level_s`` (:func:`dask_floor.level_latency`), also the step's Dask floor: its
+    longest dependency chain times ``level_s``, and that plus the step's task
+    thread-seconds over the threads (``bound_s``), the shortest step Dask's round trips
+    allow at this kernel time."""
     kw, batch, kind, okw, dims = cfg
     model = ZOO[name](**kw)
     x, y = make_data(name, kw, batch * (warmup + steps))
@@ -449,6 +481,19 @@ def bench_workload(name: str, cfg, steps: int, warmup: int, rounds: int, client)
     )
     b = rec["backends"]
     rec["dfdl_over_torch_samples_per_s"] = b["dfdl"]["samples_per_s"] / b["torch"]["samples_per_s"]
+    if level_s is not None:
+        tasks, chain = step_chain(client, model, x, y, batch, kind, okw)
+        kernels = statistics.median(p["compute_s"] for p in breakdowns) / threads
+        bound = kernels + chain * level_s
+        rec["dask_floor"] = {
+            "tasks_per_step": tasks,
+            "chain_tasks": chain,
+            "level_latency_s": level_s,
+            "floor_s": chain * level_s,
+            "kernels_per_thread_s": kernels,
+            "bound_s": bound,
+            "bound_over_torch_samples_per_s": b["torch"]["median_step_s"] / bound,
+        }
     return rec
 
 
@@ -458,7 +503,7 @@ def _table(records: list[dict], matmul: float, own: float) -> str:
         f" {'dfdl s/step':>11s} {'samples/s':>9s} {'GFLOP/s':>8s}"
         f" {'torch s/step':>12s} {'samples/s':>9s} {'GFLOP/s':>8s} {'dfdl/torch':>10s}"
         f" {'dfdl %mm':>8s} {'torch %mm':>9s} {'%blas':>6s} {'outside':>7s}"
-        f" {'cold+s':>6s} {'warm+s':>6s}"
+        f" {'cold+s':>6s} {'warm+s':>6s} {'chain':>5s} {'bound':>6s} {'bnd/torch':>9s}"
     )
     lines = [head]
     for r in records:
@@ -472,8 +517,14 @@ def _table(records: list[dict], matmul: float, own: float) -> str:
             f" {100 * d['gflop_per_s'] / own:5.1f}%"
             f" {100 * d['outside_kernels_share']:6.1f}%"
             f" {_start(r, 'cold'):>6s} {_start(r, 'warm'):>6s}"
+            + (_floor(f) if (f := r.get("dask_floor")) else "")
         )
     return "\n".join(lines)
+
+
+def _floor(f: dict) -> str:
+    ratio = f["bound_over_torch_samples_per_s"]
+    return f" {f['chain_tasks']:5d} {f['bound_s']:6.3f} {ratio:9.3f}"
 
 
 def _start(rec: dict, which: str) -> str:
@@ -528,9 +579,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         machine["dfdl_workers"] = len(client.scheduler_info()["workers"])
         machine["dfdl_blas"] = "/".join(sorted(set(client.run(dfdl_blas.backend).values())))
         print(f"dfdl's matmul ({machine['dfdl_blas']}): {dmm:.1f} GFLOP/s", file=sys.stderr)
+        width = total_threads(client)
+        dask_floor.level_latency(client, width, 20, 1)  # warm-up
+        machine["level_latency_s"] = level = dask_floor.level_latency(client, width)
+        print(f"Dask: {level * 1e3:.2f} ms per level of {width} no-op tasks", file=sys.stderr)
         for name in args.workload:
             records.append(
-                bench_workload(name, configs[name], args.steps, args.warmup, args.rounds, client)
+                bench_workload(
+                    name, configs[name], args.steps, args.warmup, args.rounds, client, level
+                )
             )
             if not args.no_start:
                 records[-1]["start"] = start_costs(name, args.full)
@@ -555,6 +612,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     print("outside: share of dfdl's thread time per step not spent executing tasks")
     print("cold+s / warm+s: first one-step train of a fresh process minus the second, seconds")
+    print(
+        f"chain: tasks on a step's longest dependency chain; bound: kernels' thread-seconds"
+        f" per step / threads + chain x {machine['level_latency_s'] * 1e3:.2f} ms (a level"
+        f" of {width} no-op tasks here), the shortest step Dask's round trips allow;"
+        f" bnd/torch: torch's step / bound"
+    )
     for r in records:
         d = r["backends"]["dfdl"]
         calls = d["train_call_seconds_long_short"][0][0]
