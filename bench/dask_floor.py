@@ -4,7 +4,9 @@ when its tasks do nothing, and how many such levels a dfdl step has.
 A training step is a graph of tile tasks. Wherever a task reads the output of another,
 the reader starts only after the producer's "finished" message reached the scheduler
 and the scheduler's "compute" message reached the worker: a dependency's round trip,
-which no kernel speed shortens. So a step cannot take less than
+which no kernel speed shortens. Where no task off the longest chain fills those round
+trips (a graph whose levels hold one tile per worker thread), a step cannot take less
+than
 
     (the workers' task thread-seconds per step) / threads
         + (the longest dependency chain of the step, in tasks) x (one level's latency)

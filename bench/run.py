@@ -49,8 +49,9 @@ Dask's floor (``bench/dask_floor.py``): the run times a level of no-op tasks (on
 worker thread, each reading every task of the level before) on the cluster, and for
 each workload counts the tasks on the longest dependency chain of one step in the
 graphs ``dfdl.train`` submits. Every link of that chain waits for a round trip through
-the scheduler, so the step cannot be shorter than the kernels' thread-seconds per step
-over the threads plus chain x level latency (``bound``), however fast the kernels.
+the scheduler; where no task off the chain fills those round trips (graphs whose
+levels hold one tile per thread), the step cannot be shorter than the kernels'
+thread-seconds per step over the threads plus chain x level latency (``bound``).
 
 Cold and warm start: a fresh process (``--first-step``) starts the embedded cluster and
 times two one-step ``dfdl.train`` calls; the first pays for numba compilation (cold: an
