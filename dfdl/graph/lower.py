@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import uuid
@@ -65,30 +66,34 @@ class _TensorTiles:
     """Where the tiles of one tensor live: task refs (with output position) or values."""
 
     def __init__(self, chunks: Chunks, refs: Mapping[tuple[int, ...], tuple[Any, Any]]):
-        self.chunks = chunks
-        self.offs = [offsets(c) for c in chunks]
+        self.chunks = tuple(tuple(c) for c in chunks)
         self.refs = refs
 
-    def overlapping(self, region: Region) -> list[tuple[tuple[int, ...], Region, Region]]:
+    def overlapping(self, region: Region) -> tuple[tuple[tuple[int, ...], Region, Region], ...]:
         """(tile index, slice within the tile, slice within the region) per overlap."""
-        per_axis = []
-        for a, s in enumerate(region):
-            offs = self.offs[a]
-            hits = []
-            for i in range(len(offs) - 1):
-                lo, hi = max(s.start, offs[i]), min(s.stop, offs[i + 1])
-                if lo < hi or (s.start == s.stop == offs[i] == offs[i + 1]):
-                    hits.append(
-                        (i, slice(lo - offs[i], hi - offs[i]), slice(lo - s.start, hi - s.start))
-                    )
-            if not hits:  # empty region: take the first tile's empty slice
-                hits.append((0, slice(0, 0), slice(0, 0)))
-            per_axis.append(hits)
-        out = []
-        for combo in itertools.product(*per_axis):
-            idx = tuple(c[0] for c in combo)
-            out.append((idx, tuple(c[1] for c in combo), tuple(c[2] for c in combo)))
-        return out
+        return _overlapping(self.chunks, tuple((s.start, s.stop) for s in region))
+
+
+# every step of a plan asks the same questions: memoized, graph building of a ResNet
+# step spent a third of its time here
+@functools.lru_cache(maxsize=2**16)
+def _overlapping(chunks: Chunks, bounds: tuple[tuple[int, int], ...]) -> tuple:
+    per_axis = []
+    for a, (start, stop) in enumerate(bounds):
+        offs = offsets(chunks[a])
+        hits = []
+        for i in range(len(offs) - 1):
+            lo, hi = max(start, offs[i]), min(stop, offs[i + 1])
+            if lo < hi or (start == stop == offs[i] == offs[i + 1]):
+                hits.append((i, slice(lo - offs[i], hi - offs[i]), slice(lo - start, hi - start)))
+        if not hits:  # empty region: take the first tile's empty slice
+            hits.append((0, slice(0, 0), slice(0, 0)))
+        per_axis.append(hits)
+    out = []
+    for combo in itertools.product(*per_axis):
+        idx = tuple(c[0] for c in combo)
+        out.append((idx, tuple(c[1] for c in combo), tuple(c[2] for c in combo)))
+    return tuple(out)
 
 
 class _Builder:

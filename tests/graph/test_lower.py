@@ -223,3 +223,23 @@ def test_lowering_runs_locally_without_a_cluster():
     for idx, (ref, _) in outputs["y"].items():
         y[regions[idx]] = values[ref]
     np.testing.assert_allclose(y, reference(x), rtol=1e-6, atol=1e-7)
+
+
+def test_a_region_maps_to_the_tiles_it_overlaps_on_uneven_chunks():
+    """Tiles (2, 2, 1) x (3,): a region across the first two tiles gives one piece per
+    tile, with the slices inside each tile and inside the region; the same question
+    asked again (every step asks it) gives the same answer."""
+    from dfdl.graph.lower import _TensorTiles
+
+    tt = _TensorTiles(((2, 2, 1), (3,)), {})
+    hits = tt.overlapping((slice(1, 4), slice(0, 3)))
+    assert [h[0] for h in hits] == [(0, 0), (1, 0)]
+    assert hits[0][1] == (slice(1, 2), slice(0, 3)) and hits[0][2] == (slice(0, 1), slice(0, 3))
+    assert hits[1][1] == (slice(0, 2), slice(0, 3)) and hits[1][2] == (slice(1, 3), slice(0, 3))
+    assert tt.overlapping((slice(4, 5), slice(1, 2))) == (
+        ((2, 0), (slice(0, 1), slice(1, 2)), (slice(0, 1), slice(0, 1))),
+    )
+    empty = tt.overlapping((slice(2, 2), slice(0, 3)))
+    # an empty region takes the first tile's empty slice
+    assert [h[0] for h in empty] == [(0, 0)] and empty[0][1][0] == slice(0, 0)
+    assert _TensorTiles([[2, 2, 1], [3]], {}).overlapping((slice(1, 4), slice(0, 3))) == hits
