@@ -7,7 +7,9 @@ twice the work per instruction: the direct convolution kernels measured 20-30% f
 with them on this machine's Xeon, while the memory-bound kernels did not change. Calling
 :func:`prefer_wide_vectors` first thing in a ``@numba.njit`` function sets LLVM's
 per-function ``prefer-vector-width`` attribute on it, so only that kernel changes; on a
-CPU without AVX-512 LLVM keeps the widest legal vectors and the call does nothing.
+CPU without AVX-512 LLVM keeps the widest legal vectors and the call does nothing, and
+on AMD's Zen 4 and 5 (``znver4``, ``znver5``), which LLVM already tunes for 512-bit
+vectors, it changes nothing either.
 
 numba's cache keys a kernel on its own source file: a change here does not recompile
 kernels cached with ``cache=True`` elsewhere (clear their ``__pycache__`` ``*.nbi``).
