@@ -113,9 +113,14 @@ def longest_chain_per_step(deps: dict) -> dict[int, int]:
     """``{step: tasks on the longest dependency chain among that step's tasks}`` of a
     graph recorded by :class:`GraphRecorder` (dfdl's keys are ``(name, step, *tile)``).
 
+    Tasks that depend on nothing (batch tiles embedded in the graph) are ready when the
+    graph arrives, ahead of the step: they do not count. A task that reads only the
+    previous step's values (the first layer, reading updated weights) counts once.
+
     Example:
-        >>> longest_chain_per_step({("a", 0): [], ("b", 0): [("a", 0)], ("c", 1): []})
-        {0: 2, 1: 1}
+        >>> longest_chain_per_step(
+        ...     {("x", 0): [], ("a", 0): [("x", 0), ("w", -1)], ("b", 0): [("a", 0)]})
+        {0: 2}
     """
     depth: dict = {}
     for key in deps:  # iterative: chains run to hundreds of tasks
@@ -130,7 +135,7 @@ def longest_chain_per_step(deps: dict) -> dict[int, int]:
                 continue
             stack.pop()
             same = [depth[d] for d in deps.get(k, ()) if _step(d) == _step(k)]
-            depth[k] = 1 + max(same, default=0)
+            depth[k] = 1 + max(same, default=0) if deps.get(k) else 0
     out: dict[int, int] = {}
     for k, v in depth.items():
         out[_step(k)] = max(out.get(_step(k), 0), v)

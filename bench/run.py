@@ -205,6 +205,53 @@ def _stream_seconds(records: list[dict]) -> dict[str, float]:
     return out
 
 
+def _occupancy(records: list[dict], first: int, last: int, threads: int) -> list[float]:
+    """Shares of the span of :func:`_step_span` during which 0, 1, ..., ``threads``
+    worker threads were executing a task (task stream "compute" intervals).
+
+    All threads idle is the dependency round trips (a level's last task has ended, the
+    next level's first has not started); some idle is imbalance between the tiles of a
+    level and single tasks (merges) that only one thread can run.
+
+    Example:
+        >>> rec = lambda k, a, b: {"key": (k, 0), "startstops": [
+        ...     {"action": "compute", "start": a, "stop": b}]}
+        >>> rec1 = lambda k, a, b: {**rec(k, a, b), "key": (k, 1)}
+        >>> _occupancy([rec("x", 0, 1), rec1("y", 1, 2), rec1("z", 1.5, 3)], 1, 1, 2)
+        [0.0, 0.75, 0.25]
+    """
+    ends = _step_ends(records)
+    t0, t1 = ends[first - 1], ends[last]
+    events = []
+    for rec in records:
+        for ss in rec.get("startstops", ()):
+            a, b = max(ss["start"], t0), min(ss["stop"], t1)
+            if ss["action"] == "compute" and a < b:
+                events += [(a, 1), (b, -1)]
+    events.sort()
+    spent = [0.0] * (threads + 1)
+    running, at = 0, t0
+    for t, d in events:
+        spent[min(running, threads)] += t - at
+        running, at = running + d, t
+    spent[min(running, threads)] += t1 - at
+    return [v / (t1 - t0) for v in spent]
+
+
+def _step_ends(records: list[dict]) -> dict[int, float]:
+    """``{step: when its last task ended}`` from task-stream records."""
+    ends: dict[int, float] = {}
+    for rec in records:
+        key = rec["key"]
+        step = key[1] if isinstance(key, tuple) and len(key) > 1 else None
+        if not isinstance(step, int):
+            continue
+        for ss in rec.get("startstops", ()):
+            if ss["action"] == "compute":
+                ends[step] = max(ends.get(step, 0.0), ss["stop"])
+    return ends
+
+
 def _step_span(records: list[dict], first: int, last: int) -> tuple[float, float]:
     """(seconds, task thread-seconds) from the end of step ``first - 1`` to the end of
     step ``last``, from task-stream records of one ``dfdl.train`` call.
@@ -442,6 +489,9 @@ def bench_workload(
         per_step = {k: (b_long[k] - b_short.get(k, 0.0)) / steps for k in b_long}
         per_step["compute_s"] = busy / n_span
         per_step["outside_kernels_share"] = 1 - busy / (threads * span)
+        per_step["threads_busy_shares"] = _occupancy(
+            records, max(warmup, 1), warmup + steps - 1, threads
+        )
         breakdowns.append(per_step)
         for _ in range(warmup):
             torch_step()
@@ -480,6 +530,9 @@ def bench_workload(
     rec["backends"]["dfdl"]["outside_kernels_share"] = statistics.median(
         b["outside_kernels_share"] for b in breakdowns
     )
+    # the round whose step was the median one
+    middle = sorted(range(len(dfdl_steps)), key=dfdl_steps.__getitem__)[len(dfdl_steps) // 2]
+    rec["backends"]["dfdl"]["threads_busy_shares"] = breakdowns[middle]["threads_busy_shares"]
     b = rec["backends"]
     rec["dfdl_over_torch_samples_per_s"] = b["dfdl"]["samples_per_s"] / b["torch"]["samples_per_s"]
     if level_s is not None:
@@ -619,6 +672,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f" of {width} no-op tasks here), the shortest step Dask's round trips allow;"
         f" bnd/torch: torch's step / bound"
     )
+    for r in records:
+        shares = r["backends"]["dfdl"].get("threads_busy_shares")
+        if shares:
+            shown = ", ".join(f"{k} busy {100 * v:.1f}%" for k, v in enumerate(shares))
+            print(f"{r['workload']}: share of the median round's steps with threads {shown}")
     for r in records:
         d = r["backends"]["dfdl"]
         calls = d["train_call_seconds_long_short"][0][0]
