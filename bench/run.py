@@ -224,13 +224,7 @@ def _occupancy(records: list[dict], first: int, last: int, threads: int) -> list
     """
     ends = _step_ends(records)
     t0, t1 = ends[first - 1], ends[last]
-    events = []
-    for rec in records:
-        for ss in rec.get("startstops", ()):
-            a, b = max(ss["start"], t0), min(ss["stop"], t1)
-            if ss["action"] == "compute" and a < b:
-                events += [(a, 1), (b, -1)]
-    events.sort()
+    events = sorted(e for a, b in _computing(records, t0, t1) for e in ((a, 1), (b, -1)))
     spent = [0.0] * (threads + 1)
     running, at = 0, t0
     for t, d in events:
@@ -238,6 +232,15 @@ def _occupancy(records: list[dict], first: int, last: int, threads: int) -> list
         running, at = running + d, t
     spent[min(running, threads)] += t1 - at
     return [v / (t1 - t0) for v in spent]
+
+
+def _computing(records: list[dict], t0: float, t1: float):
+    """The task-stream "compute" intervals, clipped to ``[t0, t1]`` (empty ones left out)."""
+    for rec in records:
+        for ss in rec.get("startstops", ()):
+            a, b = max(ss["start"], t0), min(ss["stop"], t1)
+            if ss["action"] == "compute" and a < b:
+                yield a, b
 
 
 def _step_ends(records: list[dict]) -> dict[int, float]:
@@ -277,12 +280,7 @@ def _step_span(records: list[dict], first: int, last: int) -> tuple[float, float
     if first - 1 not in ends or last not in ends:
         raise RuntimeError(f"the task stream has no tasks of step {first - 1} or {last}")
     t0, t1 = ends[first - 1], ends[last]
-    busy = 0.0
-    for rec in records:
-        for ss in rec.get("startstops", ()):
-            if ss["action"] == "compute":
-                busy += max(0.0, min(ss["stop"], t1) - max(ss["start"], t0))
-    return t1 - t0, busy
+    return t1 - t0, sum(b - a for a, b in _computing(records, t0, t1))
 
 
 def _node_ops(model, x: np.ndarray, y: np.ndarray, batch: int, kind: str, okw: dict) -> dict:

@@ -12,9 +12,9 @@ Which library runs is chosen once per process, at its first product, from
 ``DFDL_BLAS``: ``auto`` (the default: MKL when its runtime library ``libmkl_rt`` is
 found, the CPU is Intel's and PyTorch is not imported in the process, else numpy),
 ``mkl`` (MKL or an error) or ``numpy``. On AMD CPUs MKL takes a slow generic path: on
-an AMD EPYC (Zen 5, AVX-512) VM its sequential ``sgemm`` ran 88-116 GFLOP/s on one
-thread where numpy's OpenBLAS ran 148-251 (its Zen/SkylakeX kernels) or 123-135
-(``OPENBLAS_CORETYPE=Haswell``), whatever ``MKL_ENABLE_INSTRUCTIONS`` or
+an AMD EPYC (Zen 5, AVX-512) VM its sequential ``sgemm`` ran 89-112 GFLOP/s on one
+thread where numpy's OpenBLAS ran 193-239 (its SkylakeX kernels) or 121-129
+(``OPENBLAS_CORETYPE=Haswell``; ``python bench/blas.py``), whatever ``MKL_ENABLE_INSTRUCTIONS`` or
 ``MKL_DEBUG_CPU_TYPE`` said. PyTorch links its own MKL: once this one is loaded, PyTorch's
 GEMMs in the same process ran on one thread (2048 x 4096 x 4096 on 2 threads: 171
 against 347 GFLOP/s), and MKL crashed on a bad argument where PyTorch was loaded

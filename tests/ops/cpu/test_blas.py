@@ -313,7 +313,7 @@ def test_the_rejection_handler_outlives_every_loaded_library_object():
 
 
 def test_auto_keeps_mkl_off_cpus_that_are_not_intels(monkeypatch):
-    """MKL runs a slow generic path on AMD CPUs (bench/blas.py: 88-116 against 148-251
+    """MKL runs a slow generic path on AMD CPUs (bench/blas.py: 89-112 against 193-239
     GFLOP/s for OpenBLAS on one Zen 5 thread), so ``auto`` leaves it there; ``mkl``
     still loads it on any CPU."""
     if blas._find_mkl() is None:
