@@ -55,6 +55,19 @@ the scheduler; where no task off the chain fills those round trips (graphs whose
 levels hold one tile per thread), the step cannot be shorter than the kernels'
 thread-seconds per step over the threads plus chain x level latency (``bound``).
 
+CPU by role (``bench/cpu_use.py``, Linux): the CPU seconds of every thread of the
+trainer's, the scheduler's and the workers' processes, read from ``/proc`` every 0.25 s
+during each call; between the first and the last reading inside the timed span, per
+second, times the step: ``kernels`` (the workers' task threads), ``worker`` (their event
+loops, profilers, nannies), ``scheduler`` (on the embedded cluster, the loop thread of
+the trainer's process) and ``trainer`` (graph building and submission: a call of a
+few steps submits them all before the span, so this one is the call's graph-building
+and submission time per step instead, ``TrainResult.timings``). Their sum over
+the cores is the shortest step that CPU allows with no core ever idle (``cpu-bound``);
+``idle`` is the cores' time none of them used. The readings themselves cost the
+scheduler and the workers a few milliseconds of CPU per second (in every round, so in
+the dfdl step times too).
+
 Cold and warm start: a fresh process (``--first-step``) starts the embedded cluster and
 times two one-step ``dfdl.train`` calls; the first pays for numba compilation (cold: an
 empty ``NUMBA_CACHE_DIR``; warm: the cache the cold run filled) and first imports, the
@@ -90,6 +103,7 @@ from dfdl.ops.registry import TensorType
 from dfdl.scheduler.cluster import default_workers, local_cluster, total_threads
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_use  # noqa: E402
 import dask_floor  # noqa: E402
 from forward import _machine  # noqa: E402  (bench/ is not a package)
 
@@ -464,10 +478,11 @@ def bench_workload(
 
     def dfdl_time(k: int) -> tuple[float, dict]:
         t0 = time.perf_counter()
-        res, records = train_streamed(client, model, x, y, batch, kind, okw, k)
+        with cpu_use.Sampler(client) as cpu:
+            res, records = train_streamed(client, model, x, y, batch, kind, okw, k)
         wall = time.perf_counter() - t0
         profiles.append(_by_op(records, op_of))
-        return wall, {**_stream_seconds(records), **res.timings, "records": records}
+        return wall, {**_stream_seconds(records), **res.timings, "records": records, "cpu": cpu}
 
     torch_step = _torch_stepper(name, kw, model, kind, okw, x, y, batch)
     dfdl_steps: list[float] = []
@@ -492,7 +507,16 @@ def bench_workload(
         # (gathering, scattering) was measured as large as a step
         diff_s = ((t_long - b_long["setup_s"]) - (t_short - b_short.get("setup_s", 0.0))) / steps
         dfdl_diff_steps.append(diff_s)
+        sampler = b_long.pop("cpu")
+        b_short.pop("cpu", None)
         per_step = {k: (b_long[k] - b_short.get(k, 0.0)) / steps for k in b_long}
+        # CPU by role over the timed span (the samples inside it), per step
+        ends = _step_ends(records)
+        rates = sampler.per_second(ends[max(warmup, 1) - 1], ends[warmup + steps - 1])
+        per_step["cpu_s"] = {r: v * step_s for r, v in rates.items()} if rates else None
+        if rates:  # the call built every step's graph up front, before the span
+            built = b_long["graph_s"] + b_long["submit_s"]
+            per_step["cpu_s"]["trainer"] = built / (warmup + steps)
         per_step["compute_s"] = busy / n_span
         per_step["outside_kernels_share"] = 1 - busy / (threads * span)
         per_step["threads_busy_shares"] = _occupancy(
@@ -541,6 +565,15 @@ def bench_workload(
     rec["backends"]["dfdl"]["threads_busy_shares"] = breakdowns[middle]["threads_busy_shares"]
     b = rec["backends"]
     rec["dfdl_over_torch_samples_per_s"] = b["dfdl"]["samples_per_s"] / b["torch"]["samples_per_s"]
+    cpu_step = breakdowns[middle]["cpu_s"]
+    if cpu_step and any(cpu_step.values()):  # Linux: /proc was there to read
+        bound = cpu_use.cpu_bound(cpu_step, threads)
+        rec["cpu"] = {
+            "per_step_s": cpu_step,
+            "bound_s": bound,
+            "bound_over_torch_samples_per_s": b["torch"]["median_step_s"] / bound,
+            "idle_share": 1 - sum(cpu_step.values()) / (threads * dfdl_steps[middle]),
+        }
     if level_s is not None:
         tasks, chain = step_chain(client, model, x, y, batch, kind, okw)
         kernels = statistics.median(p["compute_s"] for p in breakdowns) / threads
@@ -683,6 +716,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if shares:
             shown = ", ".join(f"{k} busy {100 * v:.1f}%" for k, v in enumerate(shares))
             print(f"{r['workload']}: share of the median round's steps with threads {shown}")
+    for r in records:
+        if c := r.get("cpu"):
+            roles = ", ".join(f"{k} {v:.3f}" for k, v in c["per_step_s"].items())
+            print(
+                f"{r['workload']}: CPU s per step by role: {roles}; idle"
+                f" {100 * c['idle_share']:.0f}%; cpu-bound {c['bound_s']:.3f}"
+                f" s/step (torch's step / that: {c['bound_over_torch_samples_per_s']:.3f})"
+            )
     for r in records:
         d = r["backends"]["dfdl"]
         calls = d["train_call_seconds_long_short"][0][0]

@@ -1,0 +1,57 @@
+"""``bench/cpu_use.py``: the benchmark's CPU accounting puts a task's CPU on the kernels,
+on a real embedded cluster (its thread names are Dask's, which a Dask release could
+change)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir("/proc/self/task"), reason="per-thread CPU comes from Linux's /proc"
+)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+
+
+def _spin(seconds: float) -> float:
+    t_end = time.thread_time() + seconds
+    x = 0.0
+    while time.thread_time() < t_end:
+        x += 1.0
+    return x
+
+
+def test_a_task_s_cpu_is_counted_on_the_kernels_and_nothing_twice():
+    import cpu_use
+    from distributed import Client
+
+    from dfdl.scheduler.cluster import local_cluster
+
+    with local_cluster(1) as cluster, Client(cluster) as client:
+        client.submit(_spin, 0.01).result()  # the worker's first task thread exists
+        with cpu_use.Sampler(client, interval=0.05) as cpu:
+            t0 = time.time()
+            client.submit(_spin, 0.6, pure=False).result()
+            t1 = time.time()
+        roles = cpu_use.by_role(cpu.samples[0][1], cpu.samples[-1][1])
+        wall = cpu.samples[-1][0] - cpu.samples[0][0]
+        rates = cpu.per_second(t0, t1)
+    assert 0.55 <= roles["kernels"] <= 0.75, roles
+    # everything else only handled one task and the readings: far less than the task
+    assert roles["worker"] + roles["scheduler"] + roles["trainer"] < 0.3, roles
+    # each process counted once (the nanny lives in this process): no more CPU than
+    # the span had on every core
+    assert sum(roles.values()) <= wall * len(os.sched_getaffinity(0)) + 0.05, (roles, wall)
+    assert rates is not None and rates["kernels"] > 0.5, rates
+
+
+def test_the_cpu_bound_spreads_all_roles_over_the_cores():
+    import cpu_use
+
+    per_step = {"kernels": 1.0, "worker": 0.2, "scheduler": 0.2, "trainer": 0.1}
+    assert cpu_use.cpu_bound(per_step, 2) == pytest.approx(0.75)
+    assert cpu_use.cpu_bound(per_step, 1) == pytest.approx(1.5)
