@@ -16,6 +16,9 @@ graph was identical to the base code's measured 0.767 s per ResNet step in one r
 0.837 and 0.845 s in the next two, while alternating fresh clusters measured it at
 0.812 s against the other arm's 0.756.
 
+An A/A run (an arm B that changes nothing) measured ResNet's median step 0.533 against
+0.571 s (4 fresh rounds each, 2026-11-26): differences smaller than that are noise here.
+
 Step time is measured as in ``bench/run.py`` (the task stream's span over the steps
 after the first, divided by their number); ``busy`` is the workers' task thread-seconds
 per step. Prints each arm's median step, busy time, per-round steps and last loss (the
