@@ -52,6 +52,26 @@ def test_release_returns_free_heap_pages_in_the_middle_of_the_heap():
     fragment_keep.clear()
 
 
+def _trimmer(floor: int, threshold: int) -> heap.HeapTrimmer:
+    trimmer = heap.HeapTrimmer()
+    trimmer._process, trimmer.floor, trimmer.threshold = psutil.Process(), floor, threshold
+    return trimmer
+
+
+def test_under_the_floor_the_check_never_walks_the_heap(monkeypatch):
+    """``mallinfo2`` holds the malloc lock the task threads wait on: a worker whose
+    resident memory is under the floor must not call it at every check."""
+    calls = []
+    monkeypatch.setattr(heap, "free_heap_bytes", lambda: calls.append(1) or 2**40)
+    monkeypatch.setattr(heap, "release_free_heap", lambda: True)
+    low = _trimmer(floor=2**62, threshold=0)
+    low._check()
+    assert calls == [] and low.trims == 0
+    high = _trimmer(floor=0, threshold=2**30)
+    high._check()
+    assert calls == [1] and high.trims == 1
+
+
 def test_trim_threshold_scales_with_the_limit():
     assert heap.trim_threshold(2**30) == 2**30 // 32
     assert heap.trim_threshold(64 * MiB) == heap.TRIM_MIN_BYTES
