@@ -36,8 +36,9 @@ import os
 
 #: roles in the order ``bench/run.py`` prints them
 ROLES = ("kernels", "worker", "scheduler", "trainer")
-#: part of the name of the threads a Dask worker runs tasks on
-TASK_THREAD_PREFIX = "Dask-Default-Threads"
+#: parts of the names of the threads that run kernels: a Dask worker's task threads and
+#: dfdl's gang helpers (:mod:`dfdl.graph.gang`)
+KERNEL_THREADS = ("Dask-Default-Threads", "dfdl-gang")
 #: the name of :class:`Sampler`'s thread (its own CPU is left out)
 SAMPLER_THREAD = "cpu-sampler"
 
@@ -101,30 +102,31 @@ def _delta(before: dict, after: dict) -> dict[int, tuple[str, float]]:
     }
 
 
-def by_role(before: dict, after: dict, task_prefix: str = TASK_THREAD_PREFIX) -> dict:
+def by_role(before: dict, after: dict, kernel_threads: tuple = KERNEL_THREADS) -> dict:
     """CPU seconds per role (:data:`ROLES`) between two :func:`snapshot` results;
-    ``task_prefix``: part of the name of every thread that runs tasks.
+    ``kernel_threads``: a thread whose name contains one of them runs kernels.
 
     Example:
         >>> t = lambda pid, **threads: {"pid": pid, "threads": {
         ...     i: (n, c) for i, (n, c) in enumerate(threads.items())}}
         >>> a = {"trainer": t(1, MainThread=1.0, IO_loop=2.0),
         ...      "scheduler": t(1, MainThread=1.0, IO_loop=2.0),
-        ...      "workers": [t(2, MainThread=1.0, Dask_Default_Threads_0=5.0)],
+        ...      "workers": [t(2, MainThread=1.0, Dask_Default_Threads_0=5.0, gang_0=1.0)],
         ...      "nannies": [t(3, MainThread=0.5), t(1, MainThread=1.0, IO_loop=2.0)]}
         >>> b = {"trainer": t(1, MainThread=1.5, IO_loop=3.0),
         ...      "scheduler": t(1, MainThread=1.5, IO_loop=3.0),
-        ...      "workers": [t(2, MainThread=1.25, Dask_Default_Threads_0=9.0)],
+        ...      "workers": [t(2, MainThread=1.25, Dask_Default_Threads_0=9.0, gang_0=2.0)],
         ...      "nannies": [t(3, MainThread=0.75), t(1, MainThread=1.5, IO_loop=3.0)]}
-        >>> by_role(a, b, task_prefix="Dask_Default_Threads")  # scheduler in process 1
-        {'kernels': 4.0, 'worker': 0.5, 'scheduler': 1.0, 'trainer': 0.5}
+        >>> by_role(a, b, ("Dask_Default_Threads", "gang"))  # scheduler in process 1
+        {'kernels': 5.0, 'worker': 0.5, 'scheduler': 1.0, 'trainer': 0.5}
     """
     roles = dict.fromkeys(ROLES, 0.0)
     seen = {after["trainer"]["pid"], after["scheduler"]["pid"]}
     for b, a in zip(before["workers"], after["workers"], strict=True):
         seen.add(a["pid"])
         for name, cpu in _delta(b, a).values():
-            roles["kernels" if task_prefix in name else "worker"] += cpu
+            kernel = any(p in name for p in kernel_threads)
+            roles["kernels" if kernel else "worker"] += cpu
     for b, a in zip(before["nannies"], after["nannies"], strict=True):
         if a["pid"] not in seen:  # LocalCluster's nannies live in the trainer's process
             seen.add(a["pid"])

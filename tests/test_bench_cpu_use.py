@@ -55,3 +55,26 @@ def test_the_cpu_bound_spreads_all_roles_over_the_cores():
     per_step = {"kernels": 1.0, "worker": 0.2, "scheduler": 0.2, "trainer": 0.1}
     assert cpu_use.cpu_bound(per_step, 2) == pytest.approx(0.75)
     assert cpu_use.cpu_bound(per_step, 1) == pytest.approx(1.5)
+
+
+def test_a_gang_helper_s_cpu_is_counted_on_the_kernels():
+    import cpu_use
+    from dask.task_spec import Task
+    from distributed import Client
+
+    from dfdl.graph.gang import run_gang
+    from dfdl.scheduler.cluster import local_cluster
+
+    def gang(key):  # a graph, so that Dask does not run the members as arguments
+        members = (Task("a", _spin, 0.3), Task("b", _spin, 0.3))
+        return {key: Task(key, run_gang, (members,), ("a", "b"), ())}
+
+    with local_cluster(1, threads_per_worker=2) as cluster, Client(cluster) as client:
+        client.get(gang("warm"), "warm")  # the helper thread exists
+        with cpu_use.Sampler(client, interval=0.05) as cpu:
+            client.get(gang("timed"), "timed")
+        roles = cpu_use.by_role(cpu.samples[0][1], cpu.samples[-1][1])
+        helper = cpu_use.by_role(cpu.samples[0][1], cpu.samples[-1][1], ("dfdl-gang",))
+    assert 0.55 <= roles["kernels"] <= 0.75, roles
+    assert roles["worker"] < 0.2, roles
+    assert 0.25 <= helper["kernels"] <= 0.4, helper  # one member ran on the helper

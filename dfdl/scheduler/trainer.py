@@ -22,9 +22,10 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
+from dfdl.graph import gang
 from dfdl.graph.fuse import LIGHT_BYTES, TINY_BYTES, fuse_into_consumers
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
-from dfdl.graph.tiling import Plan
+from dfdl.graph.tiling import TASK_MEMORY_FRACTION, Plan
 from dfdl.graph.training import TrainingGraph
 from dfdl.ops import lookup
 from dfdl.scheduler import submit
@@ -219,6 +220,18 @@ def run_steps(
             # packed output (activation and partial) instead of one merge fetching them
             tiny=_tiny_outputs(used.values(), token) if _one_worker(client) else None,
         )
+        if gang.GANG and _one_worker(client):
+            # one process only: a gang would pull every member's inputs to one worker
+            (threads,) = client.nthreads().values()
+            dsk = gang.gang_siblings(
+                dsk,
+                keep=wanted,
+                width=threads,
+                fits=_gang_fits(used.values(), token),
+                joins=_tiny_outputs(used.values(), token),
+                weight=_task_memory(used.values(), token),
+                budget=_chain_budget(used.values(), threads),
+            )
     t1 = time.perf_counter()
     futures = dict(zip(wanted, submit.get(client, dsk, wanted, sync=False)))
     if timings is not None:
@@ -269,6 +282,33 @@ def _light(step_plans, token: str) -> Callable:
     return _node_tasks(
         step_plans, token, lambda op, n, plan: not op.contraction and _within_light_bytes(n, plan)
     )
+
+
+def _gang_fits(step_plans, token: str) -> Callable:
+    """Whether a task key is a tile task whose node's tiles read and write at most
+    ``LIGHT_BYTES``: it may run in a gang (:mod:`dfdl.graph.gang`)."""
+    return _node_tasks(step_plans, token, lambda op, n, plan: _within_light_bytes(n, plan))
+
+
+def _task_memory(step_plans, token: str) -> Callable:
+    """Bytes a task uses (its node's largest tile task, ``Plan.task_memory``)."""
+    sizes: dict = {}
+    for sp in step_plans:
+        for n in sp.plan.graph.nodes:
+            b = sp.plan.task_memory.get(n.name, 0)
+            base = f"{n.name}-{n.phase}"
+            for name in (task_name(base, token), task_name(f"{base}-partial", token)):
+                sizes[name] = max(sizes.get(name, 0), b)
+    return lambda key: sizes.get(key[0], 0) if isinstance(key, tuple) else 0
+
+
+def _chain_budget(step_plans, threads: int) -> int | None:
+    """The most bytes the tasks of one chain of gangs may use (:mod:`dfdl.graph.gang`):
+    what the planner grants the tasks running at once on one worker's threads."""
+    limits = [sp.plan.memory_limit for sp in step_plans if sp.plan.memory_limit]
+    if not limits:
+        return None
+    return int(min(limits) * TASK_MEMORY_FRACTION * threads)
 
 
 def _one_worker(client) -> bool:

@@ -11,7 +11,9 @@ restarts. :func:`dfdl.LocalCluster`, the embedded cluster and
 - replaces Dask's per-worker task counter by
   :class:`dfdl.scheduler.task_counter.LazyTaskCounter` (same metrics; its cost per
   transition does not grow with the hundreds of task prefixes of a training step);
-- caps the kernels' per-thread scratch memory to a share of the worker's memory limit
+- gives the worker one helper thread fewer than its task threads for gangs of
+  sibling tasks (:mod:`dfdl.graph.gang`), and caps the kernels' per-thread scratch
+  memory, on task threads and helpers, to a share of the worker's memory limit
   (:func:`dfdl.ops.cpu.scratch.fit_to_worker`);
 - runs tile tasks on threads at nice :data:`TASK_NICE` (dask config
   ``dfdl.worker.task-nice``; Linux). A worker's event loop and the scheduler then take
@@ -41,6 +43,7 @@ import logging
 
 import dask
 
+from dfdl.graph import gang
 from dfdl.ops import tile_exec
 from dfdl.ops.cpu import scratch
 from dfdl.scheduler import task_counter
@@ -97,6 +100,9 @@ async def dask_setup(worker) -> None:
     quiet_routine_pauses(worker)
     tile_exec.TASK_NICE = int(dask.config.get("dfdl.worker.task-nice", TASK_NICE))
     manager = getattr(worker, "memory_manager", None)
-    scratch.fit_to_worker(getattr(manager, "memory_limit", None), worker.state.nthreads)
+    threads = worker.state.nthreads
+    gang.HELPERS = max(0, threads - 1)
+    # the gangs' helpers run kernels too: their scratch counts against the same share
+    scratch.fit_to_worker(getattr(manager, "memory_limit", None), threads + gang.HELPERS)
     task_counter.install(worker)
     await worker.plugin_add(plugin=HeapTrimmer(), name=HeapTrimmer.name)

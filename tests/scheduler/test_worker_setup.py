@@ -76,22 +76,24 @@ def test_workers_pausing_above_the_spill_line_keep_dasks_warnings():
         assert setup == (True, True, True)
 
 
-def _scratch_cap() -> int:
+def _scratch_cap() -> tuple[int, int]:
+    from dfdl.graph import gang
     from dfdl.ops.cpu import scratch
 
-    return scratch.MAX_BYTES
+    return scratch.MAX_BYTES, gang.HELPERS
 
 
 def test_scratch_memory_fits_the_worker_memory_limit():
-    """A 256 MiB worker with 2 threads keeps at most 1/32 of its limit as scratch: 2
-    MiB per buffer (2 threads x 2 names); the large grids of a convolution are then
-    fresh arrays, as they were before scratch memory."""
+    """A 256 MiB worker with 2 task threads and 1 gang helper keeps at most 1/32 of its
+    limit as scratch: 256 MiB / 32 / (3 threads x 2 names) per buffer; the large grids
+    of a convolution are then fresh arrays, as they were before scratch memory."""
     with (
         dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="256MiB") as cluster,
         Client(cluster) as client,
     ):
-        (cap,) = client.run(_scratch_cap).values()
-    assert cap == 256 * 2**20 // 32 // 4
+        ((cap, helpers),) = client.run(_scratch_cap).values()
+    assert helpers == 1
+    assert cap == 256 * 2**20 // 32 // 6
 
 
 def _task_thread_nice():
