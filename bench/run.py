@@ -46,6 +46,11 @@ kernels (until 2026-11-26 the tasks were picked by the step in their key instead
 counted the first timed step's tasks that ran before the span: the MLP's share read
 6.9% where it was 11.5%); the rest is outside kernels: scheduling, idle threads
 waiting on dependencies and transfers (the task stream's "transfer" intervals, reported separately).
+A gang or chain of tasks (:mod:`dfdl.graph.gang`) is one task in the stream, on one
+thread, while its members run on that thread and the worker's helper threads: every
+dfdl call here records the members' runs (``dfdl.graph.gang.TRACE``) and counts them
+in its place (:func:`with_members`), so ``threads`` is the worker's cores, helpers
+included.
 
 Dask's floor (``bench/dask_floor.py``): the run times a level of no-op tasks (one per
 worker thread, each reading every task of the level before) on the cluster, and for
@@ -396,18 +401,60 @@ def train_streamed(client, model, x, y, batch: int, kind: str, okw: dict, steps:
     every dfdl measurement here runs it; returns ``(TrainResult, task-stream records)``."""
     from distributed import get_task_stream
 
-    with get_task_stream(client) as ts:
-        result = dfdl.train(
-            model,
-            (x, y),
-            optimizer=_dfdl_optimizer(kind, okw),
-            batch_size=batch,
-            steps=steps,
-            shuffle=False,
-            client=client,
-            progress=False,
+    client.run(_trace_gangs, True)
+    try:
+        with get_task_stream(client) as ts:
+            result = dfdl.train(
+                model,
+                (x, y),
+                optimizer=_dfdl_optimizer(kind, okw),
+                batch_size=batch,
+                steps=steps,
+                shuffle=False,
+                client=client,
+                progress=False,
+            )
+    finally:
+        traces = client.run(_trace_gangs, False)
+    return result, with_members(ts.data, [t for v in traces.values() for t in v])
+
+
+def _trace_gangs(on: bool) -> list:
+    """On a worker: start recording gang members' runs (:data:`dfdl.graph.gang.TRACE`),
+    or stop and return what was recorded."""
+    from dfdl.graph import gang
+
+    got = gang.TRACE or []
+    gang.TRACE = [] if on else None
+    return got
+
+
+def with_members(records: list[dict], members: list[tuple]) -> list[dict]:
+    """Task-stream ``records`` with each gang or chain (:mod:`dfdl.graph.gang`), which the
+    stream shows as one task on one thread, replaced by its members' runs on the
+    threads that ran them (``(key, thread, start, stop)`` from ``gang.TRACE``): the
+    kernels' thread-seconds and the threads' occupancy count the helper threads too.
+
+    Example:
+        >>> rec = {"key": ("a", 0, 0), "startstops": [
+        ...     {"action": "compute", "start": 0.0, "stop": 2.0}]}
+        >>> out = with_members([rec], [(("a", 0, 0), "t0", 0.0, 1.0),
+        ...                            (("a", 0, 1), "dfdl-gang_0", 0.1, 0.9),
+        ...                            (("b", 0, 0), "t0", 1.0, 2.0)])
+        >>> [(r["key"], r["thread"]) for r in out]
+        [(('a', 0, 0), 't0'), (('a', 0, 1), 'dfdl-gang_0'), (('b', 0, 0), 't0')]
+    """
+    traced = {key for key, *_ in members}
+    out = [r for r in records if r["key"] not in traced]
+    for key, thread, start, stop in members:
+        out.append(
+            {
+                "key": key,
+                "thread": thread,
+                "startstops": [{"action": "compute", "start": start, "stop": stop}],
+            }
         )
-    return result, ts.data
+    return out
 
 
 def _dfdl_optimizer(kind: str, okw: dict):
@@ -703,7 +750,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"%blas: dfdl's achieved GFLOP/s / its own BLAS ({machine['dfdl_blas']}) at 4096,"
         f" one product per core at once: {dmm:.1f} GFLOP/s"
     )
-    print("outside: share of dfdl's thread time per step not spent executing tasks")
+    print("outside: share of dfdl's thread time per step not spent executing tasks (gang members")
+    print("  on helper threads counted as tasks)")
     print("cold+s / warm+s: first one-step train of a fresh process minus the second, seconds")
     print(
         f"chain: tasks on a step's longest dependency chain; bound: kernels' thread-seconds"

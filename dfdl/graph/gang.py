@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -93,6 +94,9 @@ MAX_PHASES = 8
 HELPERS = 1
 #: name prefix of the helper threads (``bench/cpu_use.py`` counts them as kernels)
 THREAD_PREFIX = "dfdl-gang"
+#: a list to record every member's run in, ``(key, thread name, start, stop)`` with
+#: ``time.time()``, or None: the benchmarks' task streams show a chain as one task
+TRACE: list | None = None
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -327,10 +331,13 @@ def _side_by_side(members: tuple, cache: dict) -> list:
                 i = next(todo, None)
             if i is None:
                 return
+            start = time.time()
             try:
                 results[i] = members[i](cache)
             except BaseException as e:  # raised again on the task's own thread
                 errors[i] = e
+            if TRACE is not None:
+                TRACE.append((members[i].key, threading.current_thread().name, start, time.time()))
             done[i].set()
 
     pool = _helpers() if n > 1 else None

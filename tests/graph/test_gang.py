@@ -170,10 +170,14 @@ def test_members_run_at_the_same_time_on_two_threads(monkeypatch):
         both.wait()
         return i, threading.current_thread().name
 
+    monkeypatch.setattr(gang, "TRACE", [])
     members = (Task("m0", member, 0), Task("m1", member, 1))
     (a, ta), (b, tb) = run_gang((members,), ("m0", "m1"), ())
     assert (a, b) == (0, 1)
     assert ta != tb and gang.THREAD_PREFIX in ta + tb
+    # the benchmarks' record of each member's run, on the thread that ran it
+    runs = {key: (thread, start <= stop) for key, thread, start, stop in gang.TRACE}
+    assert runs == {"m0": (ta, True), "m1": (tb, True)}
 
 
 def test_a_member_s_error_is_raised_on_the_gang_s_thread():
