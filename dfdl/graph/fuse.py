@@ -175,6 +175,26 @@ def _levels(deps: Mapping[Hashable, set]) -> tuple[list, dict]:
     return order, level
 
 
+def structure(dsk: Mapping[Hashable, object]) -> tuple[dict, dict, list, dict]:
+    """``(deps, readers, order, level)`` of a graph: each key's dependencies inside it,
+    the keys that read it, a topological order and each key's level.
+
+    Example:
+        >>> from dask.task_spec import Task, TaskRef
+        >>> deps, readers, order, level = structure(
+        ...     {"a": Task("a", abs, -1), "b": Task("b", abs, TaskRef("a"))})
+        >>> readers["a"], level["b"]
+        (['b'], 1)
+    """
+    deps = {k: {d for d in getattr(v, "dependencies", ()) if d in dsk} for k, v in dsk.items()}
+    readers: dict = {k: [] for k in dsk}
+    for k, ds in deps.items():
+        for d in ds:
+            readers[d].append(k)
+    order, level = _levels(deps)
+    return deps, readers, order, level
+
+
 def fuse_into_consumers(
     dsk: Mapping[Hashable, object],
     keep: Iterable[Hashable],
@@ -210,12 +230,7 @@ def fuse_into_consumers(
         ['b']
     """
     keep = set(keep)
-    deps = {k: {d for d in getattr(v, "dependencies", ()) if d in dsk} for k, v in dsk.items()}
-    readers: dict = {k: [] for k in dsk}
-    for k, ds in deps.items():
-        for d in ds:
-            readers[d].append(k)
-    order, level = _levels(deps)
+    deps, readers, order, level = structure(dsk)
 
     at_producer: dict = {}  # light partial -> the task that produces its input
     if light is not None and stays is not None and PARTIALS_AT_PRODUCER:

@@ -83,7 +83,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dask.task_spec import Task, TaskRef
 
-from dfdl.graph.fuse import _levels
+from dfdl.graph.fuse import structure
 from dfdl.ops.tile_exec import Outputs
 
 #: whether the trainer runs sibling tasks in gangs (on a cluster of one worker process)
@@ -145,12 +145,7 @@ def gang_siblings(
         {}
     """
     keep = set(keep)
-    deps = {k: {d for d in getattr(v, "dependencies", ()) if d in dsk} for k, v in dsk.items()}
-    readers: dict = {k: [] for k in dsk}
-    for k, ds in deps.items():
-        for d in ds:
-            readers[d].append(k)
-    _, level = _levels(deps)
+    deps, readers, _, level = structure(dsk)
     groups: dict = {}
     for k, node in dsk.items():
         if (

@@ -527,15 +527,13 @@ def test_fused_training_is_bit_identical_with_fewer_tasks(client, resnet_like, m
     assert n_fused < 0.9 * n_plain, (n_fused, n_plain)  # measured: 353 of 422
 
 
-def _switched(switch, client, model, monkeypatch):
-    """Training runs with ``dfdl.graph.fuse.<switch>`` off, then on: the two results and
-    task counts; their losses and weights must be the same bits."""
-    import dfdl.graph.fuse as fuse
-
+def _switched(switch, client, model, monkeypatch, owner=fuse):
+    """Training runs with ``<owner>.<switch>`` (a module of ``dfdl.graph``) off, then on:
+    the two results and task counts; their losses and weights must be the same bits."""
     tiles = {"batch": 2, "model": 1, "split_norms": 1}
     runs = []
     for on in (False, True):
-        monkeypatch.setattr(fuse, switch, on)
+        monkeypatch.setattr(owner, switch, on)
         runs.append(_train(model, client, True, monkeypatch, tiles))
     (off, n_off), (on, n_on) = runs
     assert on.history["loss"] == off.history["loss"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import operator
 import threading
 
-import numpy as np
 import pytest
 from dask.local import get_sync
 from dask.task_spec import Alias, DataNode, Task, TaskRef
@@ -15,6 +14,7 @@ import dfdl
 import dfdl.models
 from dfdl.graph import gang
 from dfdl.graph.gang import gang_siblings, run_gang
+from tests.graph.test_fuse import _switched
 
 
 def _t(key, fn, *args):
@@ -201,33 +201,6 @@ def resnet_like():
     )
 
 
-def _train(model, client):
-    from distributed import get_task_stream
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((16, 2, 8, 8)).astype(np.float32)
-    y = rng.integers(0, 3, size=16)
-    with get_task_stream(client) as ts:
-        res = dfdl.train(
-            model, (x, y), optimizer=dfdl.optim.Adam(lr=1e-2), batch_size=8, steps=3,
-            shuffle=False, client=client, progress=False,
-            tiles={"batch": 2, "model": 1, "split_norms": 1},
-        )  # fmt: skip
-    return res, len(ts.data)
-
-
-def _with_and_without(model, client, monkeypatch):
-    runs = []
-    for on in (False, True):
-        monkeypatch.setattr(gang, "GANG", on)
-        runs.append(_train(model, client))
-    (off, n_off), (on, n_on) = runs
-    assert on.history["loss"] == off.history["loss"]
-    for k, v in off.params.items():
-        np.testing.assert_array_equal(on.params[k], v, err_msg=k)
-    return n_off, n_on
-
-
 def test_gangs_train_bit_identically_with_fewer_tasks(resnet_like, monkeypatch):
     from distributed import Client
 
@@ -235,12 +208,12 @@ def test_gangs_train_bit_identically_with_fewer_tasks(resnet_like, monkeypatch):
         dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="1GiB") as cluster,
         Client(cluster) as one,
     ):
-        n_off, n_on = _with_and_without(resnet_like, one, monkeypatch)
+        n_off, n_on = _switched("GANG", one, resnet_like, monkeypatch, owner=gang)
     assert n_on < 0.85 * n_off, (n_on, n_off)
 
 
 def test_no_gangs_on_several_workers(client, resnet_like, monkeypatch):
     # a gang would pull both batch tiles' inputs onto one worker
     assert len(client.scheduler_info()["workers"]) == 2
-    n_off, n_on = _with_and_without(resnet_like, client, monkeypatch)
+    n_off, n_on = _switched("GANG", client, resnet_like, monkeypatch, owner=gang)
     assert n_on == n_off
