@@ -160,7 +160,7 @@ def gang_siblings(
         groups.setdefault((k[0], k[1], level[k]), []).append(k)
     slot: dict = {}  # member -> its gang's key
     gangs: dict = {}  # gang key -> members
-    for (_, _, _), members in sorted(groups.items(), key=lambda g: g[0][2]):  # by level
+    for _, members in sorted(groups.items(), key=lambda g: g[0][2]):  # by level
         if not 2 <= len(members) <= width:
             continue
         shared = set.intersection(*(deps[m] for m in members))
@@ -193,15 +193,17 @@ def gang_siblings(
     }
     in_chain = {m: c for c, gs in chains.items() for g in gs for m in gangs[g]}
     exports: dict = {}  # chain -> members read outside it, in order
+    subs: dict = {}  # reader outside -> {member: the member's value taken from its chain}
     for c, gs in chains.items():
-        ms = [m for g in gs for m in gangs[g]]
-        exports[c] = [m for m in ms if any(in_chain.get(r) != c for r in readers[m])]
-    place = {m: (c, j) for c, ms in exports.items() for j, m in enumerate(ms)}
-    subs: dict = {}  # reader -> {member: the member's value taken from its chain}
-    for m, (c, j) in place.items():
-        for r in readers[m]:
-            if in_chain.get(r) != c:
-                subs.setdefault(r, {})[m] = Task(m, operator.getitem, TaskRef(c), j)
+        exports[c] = []
+        for m in (m for g in gs for m in gangs[g]):
+            outside = [r for r in readers[m] if in_chain.get(r) != c]
+            if outside:
+                for r in outside:
+                    subs.setdefault(r, {})[m] = Task(
+                        m, operator.getitem, TaskRef(c), len(exports[c])
+                    )
+                exports[c].append(m)
     nodes = {k: (v.substitute(subs[k]) if k in subs else v) for k, v in dsk.items()}
     out = {}
     for k, node in nodes.items():
