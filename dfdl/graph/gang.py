@@ -37,7 +37,29 @@ within ``budget`` (the trainer passes what the planner grants a worker's threads
 once). A lone task with tiny outputs (a merge of per-channel sums; the trainer's
 ``joins``) is a gang of one there. A chain is cut where a task outside it reads a
 value of an earlier gang and would hold up work by waiting for the chain's end
-(:func:`_soon`); a BatchNorm's merged moments, kept for the backward pass, can wait.
+(:func:`_soon`); a BatchNorm's merged moments, kept for the backward pass, can wait,
+and so can a task that reads the chain's last gang, directly or not: it waits for
+the end anyway.
+
+Chains follow the critical path (switch :data:`CRITICAL_PATH`): of the gangs of one
+level that could continue a chain, the one with the longest path of readers to the
+step's end is taken first. ResNet's loss gradient used to continue the forward chain
+with the head's weight gradient, a dead end, and the ReLU gradient that the backward
+pass goes on with began a chain of its own. With both rules a ResNet step's longest
+chain of dependent tasks is 14 instead of 15 (the stem's last gradients now join the
+backward chain before them). ``python bench/ab.py WORKLOAD
+dfdl.graph.gang.CRITICAL_PATH --a False --b True --steps 6 --fresh`` (same losses),
+off against on: ResNet 0.473 against 0.436 s per step (8 rounds) and, swapped, 0.482
+against 0.484 s (8 rounds, a slower hour); U-Net 0.715 against 0.723 s and
+transformer 1.368 against 1.375 s (4 rounds each): within noise but for one run.
+Also exempting a reader of an earlier gang whose own readers wait for the last gang
+anyway made chains longer still but measured slower (0.439 against 0.469 s): the
+partner tile of the stem's gradient sums then waited for the chain's end. Letting a
+gang join the last link of a chain at its own level (a shortcut convolution beside
+the block's first, the merged moments beside the next convolution) cut the chains on
+ResNet's critical path from 14 to about 6 and the time with both threads idle from
+16% to 8%, but not the step (0.448 against 0.443 s, 8 rounds): the time with one
+thread idle rose from 18% to 24%, so it stays out.
 
 The helpers are :data:`HELPERS` threads per worker process (one fewer than its task
 threads, set by the worker preload), created when first needed. A member is run by
@@ -90,6 +112,8 @@ from dfdl.ops.tile_exec import Outputs
 GANG = True
 #: the most gangs one task runs one after another (:func:`_chains`)
 MAX_PHASES = 8
+#: whether chains follow the critical path (:func:`_chains`, :func:`_valid_prefix`)
+CRITICAL_PATH = True
 #: helper threads per worker process (the worker preload sets its task threads - 1)
 HELPERS = 1
 #: name prefix of the helper threads (``bench/cpu_use.py`` counts them as kernels)
@@ -234,17 +258,40 @@ def _soon(r, at, readers, level) -> bool:
     return level[r] <= at + 1 and any(level[q] <= at + 2 for q in readers[r])
 
 
+def _after(members, readers, level, top: int) -> set:
+    """The tasks up to level ``top`` that read ``members``, directly or not."""
+    seen: set = set()
+    todo = [r for m in members for r in readers[m]]
+    while todo:
+        r = todo.pop()
+        if r not in seen and level[r] <= top:
+            seen.add(r)
+            todo.extend(readers[r])
+    return seen
+
+
+def _heights(readers, level) -> dict:
+    """Each key's longest path of readers to a task that nothing reads."""
+    height: dict = {}
+    for k in sorted(readers, key=level.__getitem__, reverse=True):
+        height[k] = 1 + max((height[r] for r in readers[k]), default=-1)
+    return height
+
+
 def _chains(dsk, gangs, slot, deps, readers, level, weight=None, budget=None) -> dict:
     """Gangs that run one after another in one task: ``{first gang: [gangs]}``.
 
     A gang joins the chain of the gangs it reads one level down where everything else
     it reads comes from before the chain starts, within :data:`MAX_PHASES` gangs and
-    ``budget`` bytes; chains are then cut to their longest valid prefixes
-    (:func:`_valid_prefix`)."""
+    ``budget`` bytes; of a level's gangs that could, the one on the longest path to the
+    step's end (:func:`_heights`) is taken first. Chains are then cut to their longest
+    valid prefixes (:func:`_valid_prefix`)."""
     chains: dict = {}
     chain_of: dict = {}
     held: dict = {}  # chain -> bytes its members' tasks use
-    for g in sorted(gangs, key=level.__getitem__):
+    height = _heights(readers, level) if CRITICAL_PATH else {}
+    # at each level the gang on the longest path to the step's end claims a chain first
+    for g in sorted(gangs, key=lambda g: (level[g], -height.get(g, 0))):
         inputs = {d for m in gangs[g] for d in deps[m] if type(dsk[d]) is Task}
         below = {chain_of[slot[d]] for d in inputs if d in slot and level[d] == level[g] - 1}
         c = next(iter(below)) if len(below) == 1 else None
@@ -279,12 +326,14 @@ def _chains(dsk, gangs, slot, deps, readers, level, weight=None, budget=None) ->
 def _valid_prefix(gs: list, gangs, readers, level) -> int:
     """The most leading gangs of ``gs`` that one task can run: no task outside them
     that reads their members (but the last gang's) would hold work up by waiting for
-    the task's end (:func:`_soon`)."""
+    the task's end (:func:`_soon`). Tasks that read the last gang, directly or not,
+    wait for the end anyway."""
     for n in range(len(gs), 1, -1):
         inside = {m for g in gs[:n] for m in gangs[g]}
         at = level[gs[n - 1]]
+        after = _after(gangs[gs[n - 1]], readers, level, at + 2) if CRITICAL_PATH else set()
         if not any(  # the last gang's values come when they would have come anyway
-            r not in inside and _soon(r, at, readers, level)
+            r not in inside and r not in after and _soon(r, at, readers, level)
             for g in gs[: n - 1]
             for m in gangs[g]
             for r in readers[m]

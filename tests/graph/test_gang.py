@@ -97,6 +97,42 @@ def test_a_chain_is_cut_where_an_outside_reader_would_hold_up_work():
     assert get_sync(out, "s") == get_sync(dsk, "s")
 
 
+def test_an_outside_reader_that_also_reads_the_last_gang_does_not_cut_the_chain(
+    monkeypatch,
+):
+    # "e" reads a's tile and b's: it waits for b, the chain's last gang, anyway
+    dsk = _two_layers()
+    dsk["e"] = _t("e", operator.add, ("a", 0, 0), ("b", 0, 1))
+    dsk["f"] = _t("f", abs, "e")
+    dsk["s"] = _t("s", _total, ("b", 0, 0), ("b", 0, 1), "f")
+    out = gang_siblings(dsk, keep=["s"], width=2)
+    assert _gangs(out) == [("a", 0, 0)]
+    assert get_sync(out, "s") == get_sync(dsk, "s")
+    monkeypatch.setattr(gang, "CRITICAL_PATH", False)
+    assert _gangs(gang_siblings(dsk, keep=["s"], width=2)) == [("a", 0, 0), ("b", 0, 0)]
+
+
+def test_the_gang_on_the_longest_path_continues_the_chain(monkeypatch):
+    # "c" and "d" both read a's tiles one level up; "c" (first by key) ends in "s",
+    # while "d" leads on through two more levels: d continues a's chain
+    dsk = _two_layers()
+    del dsk[("b", 0, 0)], dsk[("b", 0, 1)]
+    for name, fn in (("c", operator.neg), ("d", abs)):
+        for i in (0, 1):
+            dsk[(name, 0, i)] = _t((name, 0, i), fn, ("a", 0, i))
+    dsk["q1"] = _t("q1", operator.add, ("d", 0, 0), ("d", 0, 1))
+    dsk["q2"] = _t("q2", abs, "q1")
+    dsk["s"] = _t("s", _total, ("c", 0, 0), ("c", 0, 1), "q2")
+    out = gang_siblings(dsk, keep=["s"], width=2)
+    assert _gangs(out) == [("a", 0, 0), ("c", 0, 0)]
+    assert ("d", 0, 0) not in out
+    assert get_sync(out, "s") == get_sync(dsk, "s") == 6.0
+    # taken first by key order, "c" continued the chain, which its sibling "d" then cut
+    monkeypatch.setattr(gang, "CRITICAL_PATH", False)
+    apart = gang_siblings(dsk, keep=["s"], width=2)
+    assert _gangs(apart) == [("a", 0, 0), ("c", 0, 0), ("d", 0, 0)]
+
+
 def test_a_chain_stays_within_its_phases_and_byte_budget(monkeypatch):
     dsk = _two_layers()
     size = dict.fromkeys([("a", 0, 0), ("a", 0, 1), ("b", 0, 0), ("b", 0, 1)], 10)
