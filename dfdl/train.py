@@ -37,6 +37,7 @@ from dfdl.scheduler.cluster import (
     worker_memory_config,
     worker_memory_limit,
 )
+from dfdl.scheduler.gc_freeze import frozen_heaps
 from dfdl.scheduler.monitor import Reporter
 from dfdl.scheduler.probe import cluster_speeds
 from dfdl.scheduler.recovery import (
@@ -414,7 +415,8 @@ def train(
         rollbacks = 0
         while True:
             try:
-                final = attempt()
+                with frozen_heaps(c):
+                    final = attempt()
                 reporter.end("done")
                 break
             except Exception as e:  # noqa: BLE001 - only lost data is retried
