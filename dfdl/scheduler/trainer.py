@@ -23,7 +23,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
 from dfdl.graph import gang
-from dfdl.graph.fuse import LIGHT_BYTES, TINY_BYTES, fuse_into_consumers
+from dfdl.graph.fuse import LIGHT_BYTES, TINY_BYTES, fuse_into_consumers, inline_data
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.graph.tiling import TASK_MEMORY_FRACTION, Plan
 from dfdl.graph.training import TrainingGraph
@@ -33,6 +33,8 @@ from dfdl.scheduler.cluster import byte_batches, transfer_budget
 
 #: batch tiles above this size are scattered rather than embedded in the graph
 EMBED_BYTES = 4 * 2**20
+#: whether embedded data runs inside the tasks that read it (:func:`inline_data`)
+INLINE_DATA = True
 
 
 @dataclass
@@ -232,6 +234,8 @@ def run_steps(
                 weight=_task_memory(used.values(), token),
                 budget=_chain_budget(used.values(), threads),
             )
+    if INLINE_DATA:
+        dsk = inline_data(dsk, keep=wanted)
     t1 = time.perf_counter()
     futures = dict(zip(wanted, submit.get(client, dsk, wanted, sync=False)))
     if timings is not None:

@@ -14,7 +14,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 import dfdl
 import dfdl.models
 from dfdl.graph import fuse
-from dfdl.graph.fuse import fuse_into_consumers, fused
+from dfdl.graph.fuse import TINY_BYTES, fuse_into_consumers, fused, inline_data
 from dfdl.ops.tile_exec import combine
 
 train_module = sys.modules["dfdl.train"]
@@ -578,3 +578,24 @@ def test_merges_stay_tasks_on_several_workers(client, resnet_like, monkeypatch):
     assert len(client.scheduler_info()["workers"]) == 2
     n_plain, n_inline = _switched("MERGES_IN_READERS", client, resnet_like, monkeypatch)
     assert n_inline == n_plain
+
+
+def test_data_runs_inside_the_tasks_that_read_it():
+    big = np.arange(TINY_BYTES // 4 + 1, dtype=np.float32)  # over TINY_BYTES
+    dsk = {
+        "x": DataNode("x", big),  # one reader: inlined whatever its size
+        "lr": DataNode("lr", np.float32(0.5)),  # tiny, two readers: one copy each
+        "w": DataNode("w", big),  # large, two readers: stays a task
+        "k": DataNode("k", np.float32(2.0)),  # requested: stays
+        "a": Task("a", np.sum, TaskRef("x")),
+        "b": Task("b", operator.mul, TaskRef("a"), TaskRef("lr")),
+        "c": Task("c", operator.mul, TaskRef("lr"), TaskRef("k")),
+        "d": Task("d", np.max, TaskRef("w")),
+        "e": Task("e", np.min, TaskRef("w")),
+    }
+    out = inline_data(dsk, keep=["b", "c", "d", "e", "k"])
+    assert sorted(out) == ["a", "b", "c", "d", "e", "k", "w"]
+    assert out["a"].dependencies == set() and out["b"].dependencies == {"a"}
+    assert out["c"].dependencies == {"k"} and out["d"].dependencies == {"w"}
+    for key in ("b", "c", "d", "e"):
+        assert get_sync(out, key) == get_sync(dsk, key)

@@ -96,3 +96,14 @@ def test_training_on_paused_workers_is_an_error_not_a_hang(paused_client):
             client=paused_client,
             progress=False,
         )
+
+
+def test_data_inside_its_readers_trains_bit_identically_with_fewer_tasks(client, monkeypatch):
+    from dfdl.scheduler import trainer
+    from tests.graph.test_fuse import _switched
+
+    model = dfdl.models.resnet(
+        in_channels=2, image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3
+    )
+    n_off, n_on = _switched("INLINE_DATA", client, model, monkeypatch, owner=trainer)
+    assert n_on < n_off, (n_on, n_off)
