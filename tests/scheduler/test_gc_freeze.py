@@ -7,11 +7,8 @@ import contextlib
 import gc
 import sys
 
-import numpy as np
-
-import dfdl
-import dfdl.models
 from dfdl.scheduler import gc_freeze
+from tests.scheduler.test_trainer import train_tiny_mlp
 
 
 def _counts(client) -> tuple[int, list[int], int]:
@@ -67,18 +64,7 @@ def test_train_runs_with_frozen_heaps_and_unfreezes_them(client, monkeypatch):
             yield
 
     monkeypatch.setattr(sys.modules["dfdl.train"], "frozen_heaps", watched)
-    rng = np.random.default_rng(0)
-    data = (rng.standard_normal((16, 8), dtype=np.float32), rng.integers(0, 3, 16))
-    result = dfdl.train(
-        dfdl.models.mlp((8, 16, 3)),
-        data=data,
-        loss="cross_entropy",
-        optimizer=dfdl.optim.SGD(lr=0.1),
-        batch_size=8,
-        steps=2,
-        client=client,
-        progress=False,
-    )
+    result = train_tiny_mlp(client)
     assert len(result.history["loss"]) == 2
     ((here, workers, scheduler),) = seen
     assert here > 0 and all(n > 0 for n in workers) and scheduler > 0

@@ -82,20 +82,25 @@ def test_gather_gives_up_on_workers_paused_for_memory(paused_client):
         gather_watching(paused_client, futures, poll=0.2, give_up=1.0)
 
 
-def test_training_on_paused_workers_is_an_error_not_a_hang(paused_client):
+def train_tiny_mlp(client):
+    """Two SGD steps of an 8-16-3 MLP on random data, on ``client``."""
     rng = np.random.default_rng(0)
     data = (rng.standard_normal((16, 8), dtype=np.float32), rng.integers(0, 3, 16))
+    return dfdl.train(
+        dfdl.models.mlp((8, 16, 3)),
+        data=data,
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.1),
+        batch_size=8,
+        steps=2,
+        client=client,
+        progress=False,
+    )
+
+
+def test_training_on_paused_workers_is_an_error_not_a_hang(paused_client):
     with pytest.raises(TrainingError, match="paused by Dask's memory monitor"):
-        dfdl.train(
-            dfdl.models.mlp((8, 16, 3)),
-            data=data,
-            loss="cross_entropy",
-            optimizer=dfdl.optim.SGD(lr=0.1),
-            batch_size=8,
-            steps=2,
-            client=paused_client,
-            progress=False,
-        )
+        train_tiny_mlp(paused_client)
 
 
 def test_data_inside_its_readers_trains_bit_identically_with_fewer_tasks(client, monkeypatch):
