@@ -223,10 +223,9 @@ def gang_siblings(
         for m in (m for g in gs for m in gangs[g]):
             outside = [r for r in readers[m] if in_chain.get(r) != c]
             if outside:
+                value = Task(m, operator.getitem, TaskRef(c), len(exports[c]))
                 for r in outside:
-                    subs.setdefault(r, {})[m] = Task(
-                        m, operator.getitem, TaskRef(c), len(exports[c])
-                    )
+                    subs.setdefault(r, {})[m] = value
                 exports[c].append(m)
     nodes = {k: (v.substitute(subs[k]) if k in subs else v) for k, v in dsk.items()}
     out = {}

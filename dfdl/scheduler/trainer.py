@@ -212,6 +212,9 @@ def run_steps(
         key=str,
     )
     if all(sp.fuse for sp in used.values()):
+        # one worker process: tiles never move (one round trip to the scheduler asks)
+        nthreads = list(client.nthreads().values())
+        one_worker = len(nthreads) == 1
         dsk = fuse_into_consumers(
             dsk,
             keep=wanted,
@@ -220,11 +223,11 @@ def run_steps(
             small=_small_contractions(used.values(), token),
             # one worker process only: elsewhere each reader would fetch every tile's
             # packed output (activation and partial) instead of one merge fetching them
-            tiny=_tiny_outputs(used.values(), token) if _one_worker(client) else None,
+            tiny=_tiny_outputs(used.values(), token) if one_worker else None,
         )
-        if gang.GANG and _one_worker(client):
+        if gang.GANG and one_worker:
             # one process only: a gang would pull every member's inputs to one worker
-            (threads,) = client.nthreads().values()
+            (threads,) = nthreads
             dsk = gang.gang_siblings(
                 dsk,
                 keep=wanted,
@@ -313,11 +316,6 @@ def _chain_budget(step_plans, threads: int) -> int | None:
     if not limits:
         return None
     return int(min(limits) * TASK_MEMORY_FRACTION * threads)
-
-
-def _one_worker(client) -> bool:
-    """Whether the client's cluster is one worker process (tiles never move)."""
-    return len(client.nthreads()) == 1
 
 
 def _tiny_outputs(step_plans, token: str) -> Callable:
