@@ -99,9 +99,11 @@ import sys
 import time
 
 import numpy as np
+from dask.utils import key_split
 
 import dfdl
 from dfdl.graph.estimate import node_flops
+from dfdl.graph.step_tasks import STEP_NAME
 from dfdl.models import ZOO, example_inputs
 from dfdl.ops.cpu import blas as dfdl_blas
 from dfdl.ops.registry import TensorType
@@ -430,10 +432,11 @@ def _trace_gangs(on: bool) -> list:
 
 
 def with_members(records: list[dict], members: list[tuple]) -> list[dict]:
-    """Task-stream ``records`` with each gang or chain (:mod:`dfdl.graph.gang`), which the
-    stream shows as one task on one thread, replaced by its members' runs on the
-    threads that ran them (``(key, thread, start, stop)`` from ``gang.TRACE``): the
-    kernels' thread-seconds and the threads' occupancy count the helper threads too.
+    """Task-stream ``records`` with each step task, gang or chain
+    (:mod:`dfdl.graph.step_tasks`, :mod:`dfdl.graph.gang`), which the stream shows as
+    one task on one thread, replaced by its members' runs on the threads that ran them
+    (``(key, thread, start, stop)`` from ``gang.TRACE``): the kernels' thread-seconds
+    and the threads' occupancy count the helper threads too.
 
     Example:
         >>> rec = {"key": ("a", 0, 0), "startstops": [
@@ -445,7 +448,8 @@ def with_members(records: list[dict], members: list[tuple]) -> list[dict]:
         [(('a', 0, 0), 't0'), (('a', 0, 1), 'dfdl-gang_0'), (('b', 0, 0), 't0')]
     """
     traced = {key for key, *_ in members}
-    out = [r for r in records if r["key"] not in traced]
+    # a step task (dfdl.graph.step_tasks) is its members' runs, recorded one by one
+    out = [r for r in records if r["key"] not in traced and key_split(r["key"]) != STEP_NAME]
     for key, thread, start, stop in members:
         out.append(
             {

@@ -22,9 +22,11 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
-from dfdl.graph import gang
+from dfdl.graph import gang, step_tasks
+from dfdl.graph.estimate import DASK_TARGET
 from dfdl.graph.fuse import LIGHT_BYTES, TINY_BYTES, fuse_into_consumers, inline_data
 from dfdl.graph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
+from dfdl.graph.pack import pack_bodies
 from dfdl.graph.tiling import TASK_MEMORY_FRACTION, Plan
 from dfdl.graph.training import TrainingGraph
 from dfdl.ops import lookup
@@ -35,6 +37,8 @@ from dfdl.scheduler.cluster import byte_batches, transfer_budget
 EMBED_BYTES = 4 * 2**20
 #: whether embedded data runs inside the tasks that read it (:func:`inline_data`)
 INLINE_DATA = True
+#: whether large task bodies are pickled once here, not at every dispatch (graph.pack)
+PACK = True
 
 
 @dataclass
@@ -225,8 +229,21 @@ def run_steps(
             # packed output (activation and partial) instead of one merge fetching them
             tiny=_tiny_outputs(used.values(), token) if one_worker else None,
         )
-        if gang.GANG and one_worker:
-            # one process only: a gang would pull every member's inputs to one worker
+        # one process only: a step's task, or a gang, pulls all its inputs to one worker
+        grouped = (
+            step_tasks.group_steps(
+                dsk,
+                keep=wanted,
+                name=lambda s: (task_name(step_tasks.STEP_NAME, token), s),
+                weight=_task_memory(used.values(), token),
+                budget=_step_budget(used.values()),
+            )
+            if step_tasks.STEP_TASKS and one_worker
+            else None
+        )
+        if grouped is not None:
+            dsk = grouped
+        elif gang.GANG and one_worker:
             (threads,) = nthreads
             dsk = gang.gang_siblings(
                 dsk,
@@ -239,6 +256,8 @@ def run_steps(
             )
     if INLINE_DATA:
         dsk = inline_data(dsk, keep=wanted)
+    if PACK:
+        dsk = pack_bodies(dsk)
     t1 = time.perf_counter()
     futures = dict(zip(wanted, submit.get(client, dsk, wanted, sync=False)))
     if timings is not None:
@@ -316,6 +335,14 @@ def _chain_budget(step_plans, threads: int) -> int | None:
     if not limits:
         return None
     return int(min(limits) * TASK_MEMORY_FRACTION * threads)
+
+
+def _step_budget(step_plans) -> int | None:
+    """The most bytes the tasks of one step task may use (:mod:`dfdl.graph.step_tasks`):
+    the worker's memory up to Dask's spill target, which the plan's estimate of the
+    whole step already had to fit for the trainer to fuse at all."""
+    limits = [sp.plan.memory_limit for sp in step_plans if sp.plan.memory_limit]
+    return int(min(limits) * DASK_TARGET) if limits else None
 
 
 def _tiny_outputs(step_plans, token: str) -> Callable:

@@ -559,10 +559,11 @@ def test_partials_at_their_producers_are_bit_identical(client, resnet_like, monk
 def test_merges_in_readers_are_bit_identical_with_fewer_tasks(resnet_like, monkeypatch):
     from distributed import Client
 
-    from dfdl.graph import gang
+    from dfdl.graph import gang, step_tasks
 
-    # on one worker, gangs chain a merge left as a task into the gangs around it
-    # (tests/graph/test_gang.py): the task counts here are fusion's alone
+    # on one worker, step tasks and gangs take in a merge left as a task
+    # (tests/graph/test_step_tasks.py, test_gang.py): the task counts here are fusion's
+    monkeypatch.setattr(step_tasks, "STEP_TASKS", False)
     monkeypatch.setattr(gang, "GANG", False)
 
     with (

@@ -12,7 +12,7 @@ from dask.task_spec import Alias, DataNode, Task, TaskRef
 
 import dfdl
 import dfdl.models
-from dfdl.graph import gang
+from dfdl.graph import gang, step_tasks
 from dfdl.graph.gang import gang_siblings, run_gang
 from tests.graph.test_fuse import _switched
 
@@ -239,6 +239,8 @@ def resnet_like():
 
 def test_gangs_train_bit_identically_with_fewer_tasks(resnet_like, monkeypatch):
     from distributed import Client
+
+    monkeypatch.setattr(step_tasks, "STEP_TASKS", False)  # gangs are their fallback
 
     with (
         dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="1GiB") as cluster,
