@@ -16,6 +16,11 @@ value (``operator.getitem``) inside its own task. A ResNet step's graph goes fro
 tasks to 56 (its data tiles included), the U-Net's from 109 to 69 and the
 transformer's from 273 to 199; the MLP's keeps its 58.
 
+The trainer now runs each whole step as one task on such a cluster
+(:mod:`dfdl.graph.step_tasks`), which measured faster on every benchmark workload; gangs
+and chains are its fallback, where a step's tasks would use more than its byte budget
+or the steps cannot be cut out of the graph (a cycle).
+
 Siblings form a gang (:func:`gang_siblings`) where
 
 * their keys share the node, phase and step, they sit at the same topological level

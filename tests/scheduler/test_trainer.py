@@ -112,3 +112,24 @@ def test_data_inside_its_readers_trains_bit_identically_with_fewer_tasks(client,
     )
     n_off, n_on = _switched("INLINE_DATA", client, model, monkeypatch, owner=trainer)
     assert n_on < n_off, (n_on, n_off)
+
+
+def test_task_bodies_pickled_once_train_bit_identically(client, monkeypatch):
+    from dfdl.graph import pack
+    from dfdl.scheduler import trainer
+    from tests.graph.test_fuse import _switched
+
+    model = dfdl.models.resnet(
+        in_channels=2, image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3
+    )
+    graphs = []
+
+    def pack_small(dsk):  # this tiny model's task bodies are under MIN_BYTES
+        graphs.append(pack.pack_bodies(dsk, min_bytes=256))
+        return graphs[-1]
+
+    monkeypatch.setattr(trainer, "pack_bodies", pack_small)
+    n_off, n_on = _switched("PACK", client, model, monkeypatch, owner=trainer)
+    assert n_on == n_off
+    packed = [t for g in graphs for t in g.values() if getattr(t, "func", None) is pack.run_packed]
+    assert packed, "no task body was packed"
