@@ -42,7 +42,8 @@ def pack_bodies(dsk: Mapping, min_bytes: int = MIN_BYTES) -> dict:
     by ``run_packed`` over that pickle (see the module docstring).
 
     Arrays inside a body (embedded batch tiles) stay out of its pickle, as protocol 5
-    buffers that travel beside it the way Dask sends arrays: not copied into it.
+    buffers that travel beside it the way Dask sends arrays: not copied into it. A body
+    that the standard pickle cannot take (a lambda inside) stays as it is.
 
     Args:
         dsk: a Dask graph of ``dask.task_spec`` nodes.
@@ -59,8 +60,11 @@ def pack_bodies(dsk: Mapping, min_bytes: int = MIN_BYTES) -> dict:
     for key, node in dsk.items():
         if type(node) is Task:
             buffers: list = []
-            blob = pickle.dumps(node, protocol=5, buffer_callback=buffers.append)
-            if len(blob) >= min_bytes:
+            try:
+                blob = pickle.dumps(node, protocol=5, buffer_callback=buffers.append)
+            except (pickle.PicklingError, AttributeError, TypeError):
+                blob = b""  # a lambda or local function inside: Dask's cloudpickle sends it
+            if blob and len(blob) >= min_bytes:
                 names = tuple(sorted(node.dependencies, key=str))
                 node = Task(
                     key,

@@ -47,3 +47,11 @@ def test_arrays_travel_beside_the_pickle_not_inside_it():
     # the packed task itself pickles the way Dask sends it, and still runs
     again = pickle.loads(pickle.dumps(out["big"], protocol=5))
     np.testing.assert_array_equal(again({"x": 2.0, "small": 2.0}), data * 2.0 + 2.0)
+
+
+def test_a_body_that_pickle_cannot_take_stays_as_dask_sends_it():
+    local = lambda v: v + 1  # noqa: E731  (cloudpickle, not pickle, sends a lambda)
+    dsk = {"y": Task("y", local, 2)}
+    out = pack_bodies(dsk, min_bytes=0)
+    assert out["y"] is dsk["y"]
+    assert get_sync(out, "y") == 3
