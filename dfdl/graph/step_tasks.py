@@ -38,7 +38,7 @@ each). On ResNet the Dask worker's and scheduler's CPU per step fell from 0.146 
 0.048 s and the cores' idle time from 16% to 3% (``bench/run.py``, runs 26h and 26i).
 
 Example:
-    >>> from dask.task_spec import Task, TaskRef
+    >>> from dask.task_spec import Alias, Task, TaskRef
     >>> g = {("a", 0, 0): Task(("a", 0, 0), abs, -1), ("a", 0, 1): Task(("a", 0, 1), abs, -2),
     ...      ("s", 0): Task(("s", 0), max, TaskRef(("a", 0, 0)), TaskRef(("a", 0, 1)))}
     >>> out = group_steps(g, keep=[("s", 0)])
@@ -59,7 +59,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
-from dask.task_spec import Task, TaskRef
+from dask.task_spec import Alias, Task, TaskRef
 
 from dfdl.graph import gang
 from dfdl.graph.fuse import structure
@@ -137,7 +137,7 @@ def group_steps(
                 if r not in inside:
                     subs.setdefault(r, {})[m] = value
         out[g] = (members, index, exports)
-    nodes = {k: (v.substitute(subs[k]) if k in subs else v) for k, v in dsk.items()}
+    nodes = {k: _substituted(k, v, subs[k]) if k in subs else v for k, v in dsk.items()}
     for k, node in nodes.items():
         if k not in slot:
             out[k] = node
@@ -158,6 +158,14 @@ def group_steps(
             _data_producer=any(t.data_producer for t in tasks),
         )
     return out
+
+
+def _substituted(key, node, subs: dict):
+    """``node``, which reads members of a step, reading their values from the step's
+    task instead: an alias of a member becomes the task that takes that value."""
+    if isinstance(node, Alias):
+        return Task(key, operator.getitem, *subs[node.target].args)
+    return node.substitute(subs)
 
 
 def _acyclic(deps: Mapping, slot: Mapping) -> bool:

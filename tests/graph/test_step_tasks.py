@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from dask.local import get_sync
-from dask.task_spec import DataNode, Task, TaskRef
+from dask.task_spec import Alias, DataNode, Task, TaskRef
 from dask.utils import key_split
 from distributed import get_task_stream
 
@@ -71,6 +71,14 @@ def test_step_tasks_take_the_given_names_and_respect_the_byte_budget():
     assert _steps(only_0) == [("a", 0, 0)]
     assert get_sync(only_0, KEEP) == get_sync(dsk, KEEP)
     assert group_steps(dsk, keep=KEEP, weight=lambda k: 10, budget=49) is None
+
+
+def test_an_alias_of_a_member_reads_it_from_the_step_s_task():
+    dsk = {**_two_steps(), "last loss": Alias("last loss", ("loss", 1))}
+    keep = [*KEEP, "last loss"]
+    out = group_steps(dsk, keep=keep)
+    assert _steps(out) == [("a", 0, 0), ("a", 1, 0)]
+    assert get_sync(out, keep) == get_sync(dsk, keep)
 
 
 def test_a_step_that_would_form_a_cycle_is_left_to_the_fallback():
