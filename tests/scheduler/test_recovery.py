@@ -27,6 +27,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 import dfdl
 import dfdl.models
 from dfdl.errors import TrainingError
+from dfdl.graph.step_tasks import STEP_NAME
 from dfdl.scheduler.recovery import AnchorPolicy, describe_key, is_lost_data
 
 SIZES = (32, 256, 256, 10)
@@ -166,7 +167,9 @@ def test_too_many_losses_stop_with_a_training_error(cluster, monkeypatch):
 
 
 class PoisonTask(SchedulerPlugin):
-    """Kills the worker of every attempt at one task: ``node`` at ``step``, any run."""
+    """Kills the worker of every attempt at one task: ``node`` at ``step``, any run, or
+    the step's task that runs it when a replay finds one worker process (the other one
+    restarting: ``dfdl.graph.step_tasks``)."""
 
     def __init__(self, scheduler, node: str, step: int):
         self.scheduler, self.node, self.step, self.kills = scheduler, node, step, 0
@@ -174,7 +177,7 @@ class PoisonTask(SchedulerPlugin):
     def transition(self, key, start, finish, *args, **kwargs):
         if finish != "processing" or not isinstance(key, tuple) or key[1:2] != (self.step,):
             return
-        if key[0].rsplit("-", 1)[0] != self.node:
+        if key[0].rsplit("-", 1)[0] not in (self.node, STEP_NAME):
             return
         ws = self.scheduler.tasks[key].processing_on
         if ws is not None and ws.pid:
