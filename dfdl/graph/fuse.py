@@ -195,6 +195,21 @@ def structure(dsk: Mapping[Hashable, object]) -> tuple[dict, dict, list, dict]:
     return deps, readers, order, level
 
 
+def heights(readers: Mapping, level: Mapping, keys: Iterable[Hashable] | None = None) -> dict:
+    """Each key's longest path of readers to one that nothing reads, counting only
+    readers among ``keys`` (None: all of ``readers``).
+
+    Example:
+        >>> heights({"a": ["b"], "b": ["c"], "c": []}, {"a": 0, "b": 1, "c": 2}, ["a", "b"])
+        {'b': 0, 'a': 1}
+    """
+    height: dict = {}
+    # a reader sits at a higher level than what it reads: it has its height first
+    for k in sorted(readers if keys is None else keys, key=level.__getitem__, reverse=True):
+        height[k] = 1 + max((height[r] for r in readers[k] if r in height), default=-1)
+    return height
+
+
 def fuse_into_consumers(
     dsk: Mapping[Hashable, object],
     keep: Iterable[Hashable],

@@ -110,7 +110,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dask.task_spec import Task, TaskRef
 
-from dfdl.graph.fuse import structure
+from dfdl.graph.fuse import heights, structure
 from dfdl.ops.tile_exec import Outputs
 
 #: whether the trainer runs sibling tasks in gangs (on a cluster of one worker process)
@@ -274,26 +274,18 @@ def _after(members, readers, level, top: int) -> set:
     return seen
 
 
-def _heights(readers, level) -> dict:
-    """Each key's longest path of readers to a task that nothing reads."""
-    height: dict = {}
-    for k in sorted(readers, key=level.__getitem__, reverse=True):
-        height[k] = 1 + max((height[r] for r in readers[k]), default=-1)
-    return height
-
-
 def _chains(dsk, gangs, slot, deps, readers, level, weight=None, budget=None) -> dict:
     """Gangs that run one after another in one task: ``{first gang: [gangs]}``.
 
     A gang joins the chain of the gangs it reads one level down where everything else
     it reads comes from before the chain starts, within :data:`MAX_PHASES` gangs and
     ``budget`` bytes; of a level's gangs that could, the one on the longest path to the
-    step's end (:func:`_heights`) is taken first. Chains are then cut to their longest
-    valid prefixes (:func:`_valid_prefix`)."""
+    step's end (:func:`dfdl.graph.fuse.heights`) is taken first. Chains are then cut to
+    their longest valid prefixes (:func:`_valid_prefix`)."""
     chains: dict = {}
     chain_of: dict = {}
     held: dict = {}  # chain -> bytes its members' tasks use
-    height = _heights(readers, level) if CRITICAL_PATH else {}
+    height = heights(readers, level) if CRITICAL_PATH else {}
     # at each level the gang on the longest path to the step's end claims a chain first
     for g in sorted(gangs, key=lambda g: (level[g], -height.get(g, 0))):
         inputs = {d for m in gangs[g] for d in deps[m] if type(dsk[d]) is Task}

@@ -62,7 +62,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dask.task_spec import Alias, Task, TaskRef
 
 from dfdl.graph import gang
-from dfdl.graph.fuse import structure
+from dfdl.graph.fuse import heights, structure
 from dfdl.ops.tile_exec import Outputs
 
 #: whether the trainer runs each step as one task (on a cluster of one worker process)
@@ -101,7 +101,7 @@ def group_steps(
         True
     """
     keep = set(keep)
-    deps, readers, _, _ = structure(dsk)
+    deps, readers, _, level = structure(dsk)
     steps: dict = {}
     for k, node in dsk.items():
         if type(node) is Task and isinstance(k, tuple) and len(k) > 1 and type(k[1]) is int:
@@ -122,31 +122,27 @@ def group_steps(
         return None
     out: dict = {}
     subs: dict = {}  # reader outside a step -> {member: its value from the step's task}
+    groups: dict = {}  # step task's key -> (members by priority, exported members)
     for ms in steps.values():
         g = slot[ms[0]]
-        inside = set(ms)
-        height = _heights(ms, readers, inside)
+        height = heights(readers, level, ms)
         members = sorted(ms, key=lambda m: (-height[m], str(m)))
-        index = {m: i for i, m in enumerate(members)}
-        exports = [m for m in members if m in keep or any(r not in inside for r in readers[m])]
+        exports = [m for m in members if m in keep or any(slot.get(r) != g for r in readers[m])]
         for i, m in enumerate(exports):
             value = Task(m, operator.getitem, TaskRef(g), i)
             if m in keep:
                 out[m] = value
             for r in readers[m]:
-                if r not in inside:
+                if slot.get(r) != g:
                     subs.setdefault(r, {})[m] = value
-        out[g] = (members, index, exports)
+        groups[g] = (members, exports)
     nodes = {k: _substituted(k, v, subs[k]) if k in subs else v for k, v in dsk.items()}
-    for k, node in nodes.items():
-        if k not in slot:
-            out[k] = node
-    for g in set(slot.values()):
-        members, index, exports = out[g]
+    out.update((k, node) for k, node in nodes.items() if k not in slot)
+    for g, (members, exports) in groups.items():
+        index = {m: i for i, m in enumerate(members)}
         tasks = tuple(nodes[m] for m in members)
-        inside = set(members)
         # after the substitution: values of other steps come from their steps' tasks
-        outside = tuple(sorted({d for t in tasks for d in t.dependencies} - inside, key=str))
+        outside = tuple(sorted({d for t in tasks for d in t.dependencies} - set(index), key=str))
         out[g] = Task(
             g,
             run_local,
@@ -180,22 +176,6 @@ def _acyclic(deps: Mapping, slot: Mapping) -> bool:
     except graphlib.CycleError:
         return False
     return True
-
-
-def _heights(members: list, readers: Mapping, inside: set) -> dict:
-    """Each member's longest path of readers inside its step."""
-    height: dict = {}
-    todo = list(members)
-    while todo:  # members whose readers inside are all done, repeatedly
-        k = todo[-1]
-        pending = [r for r in readers[k] if r in inside and r not in height]
-        if pending:
-            todo.extend(pending)
-            continue
-        todo.pop()
-        if k not in height:
-            height[k] = 1 + max((height[r] for r in readers[k] if r in inside), default=-1)
-    return height
 
 
 def run_local(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values) -> Outputs:

@@ -328,21 +328,24 @@ def _task_memory(step_plans, token: str) -> Callable:
     return lambda key: sizes.get(key[0], 0) if isinstance(key, tuple) else 0
 
 
+def _memory_limit(step_plans) -> int | None:
+    """The smallest worker memory limit the plans were made for (None: no limit)."""
+    return min((sp.plan.memory_limit for sp in step_plans if sp.plan.memory_limit), default=None)
+
+
 def _chain_budget(step_plans, threads: int) -> int | None:
     """The most bytes the tasks of one chain of gangs may use (:mod:`dfdl.graph.gang`):
     what the planner grants the tasks running at once on one worker's threads."""
-    limits = [sp.plan.memory_limit for sp in step_plans if sp.plan.memory_limit]
-    if not limits:
-        return None
-    return int(min(limits) * TASK_MEMORY_FRACTION * threads)
+    limit = _memory_limit(step_plans)
+    return None if limit is None else int(limit * TASK_MEMORY_FRACTION * threads)
 
 
 def _step_budget(step_plans) -> int | None:
     """The most bytes the tasks of one step task may use (:mod:`dfdl.graph.step_tasks`):
     the worker's memory up to Dask's spill target, which the plan's estimate of the
     whole step already had to fit for the trainer to fuse at all."""
-    limits = [sp.plan.memory_limit for sp in step_plans if sp.plan.memory_limit]
-    return int(min(limits) * DASK_TARGET) if limits else None
+    limit = _memory_limit(step_plans)
+    return None if limit is None else int(limit * DASK_TARGET)
 
 
 def _tiny_outputs(step_plans, token: str) -> Callable:
