@@ -10,7 +10,7 @@ method) is set in the benchmark's process and on every worker before each round.
 With ``--fresh`` every round starts a new embedded cluster instead (after two warm-up
 steps), so the arms share no worker state. The arm's value is set in the benchmark's
 process before its cluster starts, so settings read at start take effect too (such as
-``dfdl.scheduler.cluster.DASK_CONFIG``, which the worker processes inherit). In one
+``dfdl.runtime.cluster.DASK_CONFIG``, which the worker processes inherit). In one
 cluster, an arm's round can inherit the previous arm's heap and caches: an arm whose
 graph was identical to the base code's measured 0.767 s per ResNet step in one run and
 0.837 and 0.845 s in the next two, while alternating fresh clusters measured it at
@@ -26,8 +26,8 @@ two arms' losses should agree when the switch does not change the math).
 
 Examples:
     python bench/ab.py unet3d dfdl.ops.cpu.conv_direct.MIN_CHANNELS --b "10**9"
-    python bench/ab.py resnet dfdl.graph.fuse.SIBLINGS --b False --steps 6 --fresh
-    python bench/ab.py resnet dfdl.graph.training.TrainingGraph.fuse_batch_norm_relu \\
+    python bench/ab.py resnet dfdl.taskgraph.fuse.SIBLINGS --b False --steps 6 --fresh
+    python bench/ab.py resnet dfdl.training.graph.TrainingGraph.fuse_batch_norm_relu \\
         --b "lambda self: self" --steps 6
 """
 
@@ -78,7 +78,7 @@ def main() -> None:
     from distributed import Client
 
     from dfdl.models import ZOO
-    from dfdl.scheduler.cluster import local_cluster
+    from dfdl.runtime.cluster import local_cluster
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workload", choices=sorted(FULL))

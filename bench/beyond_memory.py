@@ -4,7 +4,7 @@
 cubic volume is sized; ``--model mlp``: an MLP (``--in``-W-...-W-10, ``--depth`` hidden
 layers, SGD with momentum) whose width is sized. Either is sized so that its training
 working set (weights, optimizer state, gradients, the batch and the activations kept for
-the backward pass, as :func:`dfdl.graph.estimate.working_set` counts them) is at least
+the backward pass, as :func:`dfdl.plan.estimate.working_set` counts them) is at least
 ``--factor`` times the sum of the workers' memory limits. It is trained for ``--steps``
 steps
 
@@ -21,14 +21,14 @@ steps
 Dask's memory manager runs with its defaults: tiles kept under ``target = 0.6`` of the
 limit, and the process's resident memory spilled at 0.7, paused at 0.8 and the worker
 restarted at 0.95 of the limit, so the limit bounds each worker's whole resident memory,
-and the plan counts the worker process's own footprint (:mod:`dfdl.graph.estimate`).
+and the plan counts the worker process's own footprint (:mod:`dfdl.plan.estimate`).
 ``--managed-only`` switches the process thresholds off (the limit then bounds the tiles
 Dask manages, as in dfdl's spill tests), for limits of a few hundred MiB, below what a
 worker process takes by itself (about 210 MiB, measured and reported). Each worker's
 resident memory is sampled every 20 ms; the report gives its peak, its idle footprint
 before training (after one step of a tiny model has loaded the kernels and freed memory
 has been returned to the system), and the plan's prediction
-(:func:`dfdl.graph.estimate.estimate_memory`): the whole process's peak with the
+(:func:`dfdl.plan.estimate.estimate_memory`): the whole process's peak with the
 thresholds on, the peak above the idle footprint with ``--managed-only``.
 
 Also reported: samples/s of each run (steps x batch / training seconds, setup
@@ -67,11 +67,11 @@ from distributed import Client
 
 import dfdl
 import dfdl.models
-from dfdl.graph.estimate import estimate_memory, working_set
-from dfdl.graph.onnx_io import to_ir
-from dfdl.graph.training import build_training_graph, plan_training
+from dfdl.ir.onnx_io import to_ir
 from dfdl.ops.registry import TensorType
-from dfdl.scheduler.cluster import parse_memory, worker_memory_config
+from dfdl.plan.estimate import estimate_memory, working_set
+from dfdl.runtime.cluster import parse_memory, worker_memory_config
+from dfdl.training.graph import build_training_graph, plan_training
 
 MANAGED_ONLY = {
     "distributed.worker.memory.target": 0.6,

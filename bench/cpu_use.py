@@ -37,7 +37,7 @@ import os
 #: roles in the order ``bench/run.py`` prints them
 ROLES = ("kernels", "worker", "scheduler", "trainer")
 #: parts of the names of the threads that run kernels: a Dask worker's task threads and
-#: dfdl's gang helpers (:mod:`dfdl.graph.gang`)
+#: dfdl's gang helpers (:mod:`dfdl.taskgraph.gang`)
 KERNEL_THREADS = ("Dask-Default-Threads", "dfdl-gang")
 #: the name of :class:`Sampler`'s thread (its own CPU is left out)
 SAMPLER_THREAD = "cpu-sampler"

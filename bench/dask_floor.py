@@ -53,7 +53,7 @@ def level_latency(client, width: int = 2, levels: int = 200, repeat: int = 3) ->
     from dask.task_spec import Task, TaskRef
     from distributed import get_task_stream
 
-    from dfdl.scheduler import submit
+    from dfdl.runtime import submit
 
     runs = []
     for _ in range(repeat):
@@ -155,7 +155,7 @@ def tasks_per_step(deps: dict) -> dict[int, int]:
 def main(argv: list[str] | None = None) -> int:
     from distributed import Client
 
-    from dfdl.scheduler.cluster import local_cluster
+    from dfdl.runtime.cluster import local_cluster
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--levels", type=int, default=200)

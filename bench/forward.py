@@ -2,7 +2,7 @@
 
 For each zoo model at a realistic size, times one forward pass of
 
-* ``dfdl.run`` on dfdl's embedded cluster (:func:`dfdl.scheduler.cluster.local_cluster`,
+* ``dfdl.run`` on dfdl's embedded cluster (:func:`dfdl.runtime.cluster.local_cluster`,
   one single-threaded worker process per core), started once and reused; each call
   includes what ``dfdl.run`` does on the client (load, bind, plan, ship the weights),
 * onnxruntime on the same model (``intra_op_num_threads`` = cores),
@@ -33,7 +33,7 @@ import numpy as np
 
 import dfdl
 from dfdl.models import ZOO, example_inputs
-from dfdl.scheduler.cluster import default_workers, local_cluster
+from dfdl.runtime.cluster import default_workers, local_cluster
 
 #: builder arguments and batch per model; each forward takes ~0.2-2 s on 2 cores
 CONFIGS: dict[str, tuple[dict, int]] = {

@@ -2,7 +2,7 @@
 
 For each workload, times training steps of
 
-* ``dfdl.train`` on dfdl's embedded cluster (:func:`dfdl.scheduler.cluster.local_cluster`,
+* ``dfdl.train`` on dfdl's embedded cluster (:func:`dfdl.runtime.cluster.local_cluster`,
   one worker process with a thread per core) started once and reused, or on the
   cluster at ``--scheduler ADDRESS``,
 * the model's torch twin with the same initial weights (``load_onnx_weights``), in
@@ -46,9 +46,9 @@ kernels (until 2026-11-26 the tasks were picked by the step in their key instead
 counted the first timed step's tasks that ran before the span: the MLP's share read
 6.9% where it was 11.5%); the rest is outside kernels: scheduling, idle threads
 waiting on dependencies and transfers (the task stream's "transfer" intervals, reported separately).
-A gang or chain of tasks (:mod:`dfdl.graph.gang`) is one task in the stream, on one
+A gang or chain of tasks (:mod:`dfdl.taskgraph.gang`) is one task in the stream, on one
 thread, while its members run on that thread and the worker's helper threads: every
-dfdl call here records the members' runs (``dfdl.graph.gang.TRACE``) and counts them
+dfdl call here records the members' runs (``dfdl.taskgraph.gang.TRACE``) and counts them
 in its place (:func:`with_members`), so ``threads`` is the worker's cores, helpers
 included.
 
@@ -102,12 +102,12 @@ import numpy as np
 from dask.utils import key_split
 
 import dfdl
-from dfdl.graph.estimate import node_flops
-from dfdl.graph.step_tasks import STEP_NAME
 from dfdl.models import ZOO, example_inputs
 from dfdl.ops.cpu import blas as dfdl_blas
 from dfdl.ops.registry import TensorType
-from dfdl.scheduler.cluster import default_workers, local_cluster, total_threads
+from dfdl.plan.estimate import node_flops
+from dfdl.runtime.cluster import default_workers, local_cluster, total_threads
+from dfdl.taskgraph.step_tasks import STEP_NAME
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_use  # noqa: E402
@@ -306,8 +306,8 @@ def _step_span(records: list[dict], first: int, last: int) -> tuple[float, float
 
 def _node_ops(model, x: np.ndarray, y: np.ndarray, batch: int, kind: str, okw: dict) -> dict:
     """``f"{node}-{phase}"`` -> op type, for the training graph dfdl.train builds."""
-    from dfdl.graph.onnx_io import to_ir
-    from dfdl.graph.training import build_training_graph
+    from dfdl.ir.onnx_io import to_ir
+    from dfdl.training.graph import build_training_graph
 
     graph = to_ir(model)
     tg = build_training_graph(
@@ -422,9 +422,9 @@ def train_streamed(client, model, x, y, batch: int, kind: str, okw: dict, steps:
 
 
 def _trace_gangs(on: bool) -> list:
-    """On a worker: start recording gang members' runs (:data:`dfdl.graph.gang.TRACE`),
+    """On a worker: start recording gang members' runs (:data:`dfdl.taskgraph.gang.TRACE`),
     or stop and return what was recorded."""
-    from dfdl.graph import gang
+    from dfdl.taskgraph import gang
 
     got = gang.TRACE or []
     gang.TRACE = [] if on else None
@@ -433,7 +433,7 @@ def _trace_gangs(on: bool) -> list:
 
 def with_members(records: list[dict], members: list[tuple]) -> list[dict]:
     """Task-stream ``records`` with each step task, gang or chain
-    (:mod:`dfdl.graph.step_tasks`, :mod:`dfdl.graph.gang`), which the stream shows as
+    (:mod:`dfdl.taskgraph.step_tasks`, :mod:`dfdl.taskgraph.gang`), which the stream shows as
     one task on one thread, replaced by its members' runs on the threads that ran them
     (``(key, thread, start, stop)`` from ``gang.TRACE``): the kernels' thread-seconds
     and the threads' occupancy count the helper threads too.
@@ -448,7 +448,7 @@ def with_members(records: list[dict], members: list[tuple]) -> list[dict]:
         [(('a', 0, 0), 't0'), (('a', 0, 1), 'dfdl-gang_0'), (('b', 0, 0), 't0')]
     """
     traced = {key for key, *_ in members}
-    # a step task (dfdl.graph.step_tasks) is its members' runs, recorded one by one
+    # a step task (dfdl.taskgraph.step_tasks) is its members' runs, recorded one by one
     out = [r for r in records if r["key"] not in traced and key_split(r["key"]) != STEP_NAME]
     for key, thread, start, stop in members:
         out.append(

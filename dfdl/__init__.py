@@ -10,8 +10,8 @@ from __future__ import annotations
 from dfdl import cluster, errors, optim
 from dfdl.api import load, plan, run
 from dfdl.onnx_backend import DfdlBackend
-from dfdl.scheduler.cluster import local_cluster as LocalCluster
-from dfdl.train import TrainResult, train, training_graph
+from dfdl.runtime.cluster import local_cluster as LocalCluster
+from dfdl.runtime.session import TrainResult, train, training_graph
 
 #: the ONNX backend (``onnx.backend.test.BackendTest(dfdl.backend, __name__)``)
 backend = DfdlBackend

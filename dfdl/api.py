@@ -8,19 +8,19 @@ import dask
 import numpy as np
 
 from dfdl.errors import ShapeError
-from dfdl.graph.bind import bind
-from dfdl.graph.ir import Graph
-from dfdl.graph.onnx_io import ModelLike, load_model, to_ir
-from dfdl.graph.tiling import Plan, make_plan
+from dfdl.ir.bind import bind
+from dfdl.ir.graph import Graph
+from dfdl.ir.onnx_io import ModelLike, load_model, to_ir
 from dfdl.ops.registry import TensorType
-from dfdl.scheduler.cluster import (
+from dfdl.plan.tiling import Plan, make_plan
+from dfdl.runtime.cluster import (
     connect,
     default_workers,
     parse_memory,
     total_threads,
     worker_memory_config,
 )
-from dfdl.scheduler.executor import execute
+from dfdl.runtime.executor import execute
 
 
 def load(model: ModelLike) -> Graph:
@@ -84,7 +84,7 @@ def plan(
             :class:`~dfdl.errors.MemoryPlanError` is raised. None: unbounded.
 
     Returns:
-        The :class:`~dfdl.graph.tiling.Plan`; ``print(plan.summary())`` shows it.
+        The :class:`~dfdl.plan.tiling.Plan`; ``print(plan.summary())`` shows it.
 
     Example:
         >>> import dfdl, dfdl.models

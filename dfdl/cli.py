@@ -57,8 +57,8 @@ def parse_tiles(text: str) -> dict[str, int] | str | None:
         return None
     if text == "uneven":
         return "uneven"
-    from dfdl.graph.tiling import TILES_KEYS
-    from dfdl.graph.training import SPLIT_NORMS
+    from dfdl.plan.tiling import TILES_KEYS
+    from dfdl.training.graph import SPLIT_NORMS
 
     return _key_values(text, "--tiles", (*TILES_KEYS, SPLIT_NORMS))
 
@@ -213,9 +213,9 @@ def _labels_type(graph, input_types: dict, loss: str):
     """Type of one batch of labels for ``loss`` (None when the loss is a model output)."""
     import numpy as np
 
-    from dfdl.graph.bind import bind
-    from dfdl.losses import validate_loss
+    from dfdl.ir.bind import bind
     from dfdl.ops.registry import TensorType
+    from dfdl.training.losses import validate_loss
 
     if loss in graph.outputs:
         return None
@@ -242,7 +242,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dfdl.data import as_source
     from dfdl.data.order import steps_per_epoch
     from dfdl.errors import ConfigError, DataError
-    from dfdl.losses import LOSSES
+    from dfdl.training.losses import LOSSES
 
     _check_output(args.output)
     X, y = load_data(args.data, args.labels)
@@ -256,7 +256,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.scheduler and args.slurm:
             raise ConfigError("give --scheduler or --slurm, not both")
         if args.scheduler:
-            from dfdl.scheduler.cluster import open_client
+            from dfdl.runtime.cluster import open_client
 
             client = stack.enter_context(open_client(args.scheduler, tls_security(args)))
         elif args.slurm:
@@ -330,7 +330,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import dask
 
     import dfdl
-    from dfdl.scheduler.cluster import default_workers, worker_memory_config
+    from dfdl.runtime.cluster import default_workers, worker_memory_config
 
     graph = dfdl.load(args.model)
     types = _input_types(graph, args.batch_size, args.dims)
@@ -341,10 +341,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan_and_show(args, graph, types, cores: int) -> int:
     from dfdl.errors import ConfigError
-    from dfdl.graph.bind import bind
-    from dfdl.graph.tiling import make_plan
-    from dfdl.graph.training import build_training_graph, plan_training
-    from dfdl.scheduler.cluster import parse_memory
+    from dfdl.ir.bind import bind
+    from dfdl.plan.tiling import make_plan
+    from dfdl.runtime.cluster import parse_memory
+    from dfdl.training.graph import build_training_graph, plan_training
 
     memory = parse_memory(args.memory_limit, "--memory-limit")
     if args.training:
@@ -398,7 +398,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import onnx
 
     import dfdl
-    from dfdl.graph.onnx_io import load_model, to_ir
+    from dfdl.ir.onnx_io import load_model, to_ir
     from dfdl.ops.registry import TensorType
 
     _check_output(args.output)
@@ -429,7 +429,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         >>> main(["info", "mlp.onnx"])  # doctest: +SKIP
         0
     """
-    from dfdl.graph.onnx_io import load_model
+    from dfdl.ir.onnx_io import load_model
 
     print(describe_model(load_model(args.model), title=args.model))
     return 0
@@ -445,10 +445,10 @@ def describe_model(model, title: str = "model") -> str:
     """
     from collections import Counter
 
-    from dfdl.graph.onnx_io import MAX_OPSET, MIN_OPSET
-    from dfdl.graph.tiling import format_bytes
+    from dfdl.ir.onnx_io import MAX_OPSET, MIN_OPSET
     from dfdl.ops import lookup
     from dfdl.ops.registry import ONNX_DOMAINS
+    from dfdl.plan.tiling import format_bytes
 
     g = model.graph
     inits = {t.name for t in g.initializer}

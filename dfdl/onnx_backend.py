@@ -16,10 +16,10 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from dfdl.api import feed_types, load
-from dfdl.graph.bind import bind
-from dfdl.graph.tiling import make_plan
-from dfdl.scheduler.cluster import local_cluster, total_threads
-from dfdl.scheduler.executor import execute
+from dfdl.ir.bind import bind
+from dfdl.plan.tiling import make_plan
+from dfdl.runtime.cluster import local_cluster, total_threads
+from dfdl.runtime.executor import execute
 
 _lock = threading.Lock()
 _shared: dict = {}

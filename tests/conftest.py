@@ -22,7 +22,7 @@ def client():
 def _plan_without_worker_footprint():
     """Plan tiles against the limits alone, as with Dask's process-memory thresholds off:
     the tests use limits of a few MiB to make tiny models spill. The tests of the
-    footprint (``tests/graph/test_estimate.py``) set it themselves."""
+    footprint (``tests/plan/test_estimate.py``) set it themselves."""
     import dask
 
     with dask.config.set({"dfdl.memory.worker-footprint": 0}):

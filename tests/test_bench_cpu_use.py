@@ -29,7 +29,7 @@ def test_a_task_s_cpu_is_counted_on_the_kernels_and_nothing_twice():
     import cpu_use
     from distributed import Client
 
-    from dfdl.scheduler.cluster import local_cluster
+    from dfdl.runtime.cluster import local_cluster
 
     with local_cluster(1) as cluster, Client(cluster) as client:
         client.submit(_spin, 0.01).result()  # the worker's first task thread exists
@@ -62,8 +62,8 @@ def test_a_gang_helper_s_cpu_is_counted_on_the_kernels():
     from dask.task_spec import Task
     from distributed import Client
 
-    from dfdl.graph.gang import run_gang
-    from dfdl.scheduler.cluster import local_cluster
+    from dfdl.runtime.cluster import local_cluster
+    from dfdl.taskgraph.gang import run_gang
 
     def gang(key):  # a graph, so that Dask does not run the members as arguments
         members = (Task("a", _spin, 0.3), Task("b", _spin, 0.3))

@@ -111,7 +111,7 @@ def test_slurm_jobs_over_tls_with_temporary_credentials(slurm_node, tmp_path):
     credentials written where the jobs read them; a client without them is refused."""
     from distributed.security import Security
 
-    from dfdl.scheduler.cluster import open_client
+    from dfdl.runtime.cluster import open_client
 
     with (
         _slurm_cluster(tmp_path, jobs=1, security=True, shared_temp_directory=str(tmp_path)) as cl,
@@ -177,7 +177,7 @@ def test_job_script_asks_for_what_was_given():
         assert line in script, (line, script)
     assert "--nworkers 2" in script and "--nthreads 4" in script
     assert "--resources GPU=1" in script
-    assert "--preload dfdl.scheduler.worker_setup" in script  # heap trimmer, quiet pauses
+    assert "--preload dfdl.runtime.worker_setup" in script  # heap trimmer, quiet pauses
     config = script.split("DASK_INTERNAL_INHERIT_CONFIG=")[1].split()[0].strip("'")
     inherited = dask.config.deserialize(config)
     # the malloc settings dfdl gives its own workers, scaled to 16 GiB per worker

@@ -17,7 +17,7 @@ import pytest
 import dfdl
 import dfdl.models
 from dfdl.errors import TrainingError
-from dfdl.scheduler import checkpoint
+from dfdl.runtime import checkpoint
 
 SIZES = (6, 16, 3)
 BATCH = 8

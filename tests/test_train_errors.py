@@ -1,6 +1,6 @@
 """Bad training input fails with a named dfdl error before any task reaches the scheduler.
 
-As in ``tests/graph/test_errors.py``, a scheduler plugin counts every graph submission
+As in ``tests/ir/test_errors.py``, a scheduler plugin counts every graph submission
 and task transition; each failing ``dfdl.train(..., client=client)`` is checked to leave
 those counters (and the scheduler's task table) unchanged.
 """
@@ -14,9 +14,9 @@ from onnx import helper
 import dfdl
 import dfdl.models
 from dfdl.errors import ConfigError, DataError, DfdlError, ShapeError
-from dfdl.losses import LOSSES
+from dfdl.training.losses import LOSSES
 from tests import scheduler_probe
-from tests.graph.helpers import make_model, vi
+from tests.ir.helpers import make_model, vi
 from tests.scheduler_probe import scheduler_state
 
 SIZES = (4, 8, 3)

@@ -11,7 +11,7 @@ from distributed import Client
 import dfdl
 import dfdl.models
 from dfdl.errors import ConfigError
-from dfdl.graph.recompute import Segment, choose
+from dfdl.training.passes.recompute import Segment, choose
 
 UNET = dict(base=4, levels=3, volume=16)
 LIMIT = 4 * 2**20  # per worker; Dask keeps a fifth of it in memory, spills the rest

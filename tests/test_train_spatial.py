@@ -13,7 +13,7 @@ import pytest
 
 import dfdl
 import dfdl.models
-from dfdl.graph.tiling import TASK_MEMORY_FRACTION
+from dfdl.plan.tiling import TASK_MEMORY_FRACTION
 
 UNET = dict(in_channels=1, num_classes=2, base=2, levels=2, volume=8)
 
@@ -73,9 +73,9 @@ def test_memory_limit_below_one_sample_splits_space():
 
 def test_training_plan_under_a_limit_splits_space():
     """The training graph (backward convolutions included) plans with slabs as well."""
-    from dfdl.graph.onnx_io import to_ir
-    from dfdl.graph.training import build_training_graph
+    from dfdl.ir.onnx_io import to_ir
     from dfdl.ops.registry import TensorType
+    from dfdl.training.graph import build_training_graph
 
     model = dfdl.models.unet3d(in_channels=1, num_classes=2, base=4, levels=2, volume=32)
     tg = build_training_graph(

@@ -18,7 +18,7 @@ from distributed import Client
 import dfdl
 import dfdl.models
 from dfdl.errors import MemoryPlanError
-from dfdl.graph.tiling import TASK_MEMORY_FRACTION
+from dfdl.plan.tiling import TASK_MEMORY_FRACTION
 
 SIZES = (512, 1024, 1024, 1024, 1024, 10)
 BATCH = 128

@@ -2,7 +2,7 @@
 
 A training-mode BatchNormalization (and its gradient) needs each channel's statistics
 over the whole batch and volume, so as one op it keeps those axes whole: one task holds
-a channel of every sample. :func:`dfdl.graph.split_norm.split_batch_norms` rewrites it
+a channel of every sample. :func:`dfdl.training.passes.split_norm.split_batch_norms` rewrites it
 into these ops, each of which splits every axis:
 
 * ``dfdl.BatchNormMoments(X) -> M``: per-channel (count, mean, sum of squared

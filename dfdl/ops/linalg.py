@@ -196,7 +196,7 @@ def MatMulT(A, B, *, transA=0, transB=0):
     """``A' @ B'`` with numpy matmul semantics, where ``A'`` is A with its last two axes
     swapped when ``transA`` (likewise B): a MatMul that reads a transposed operand in
     place (BLAS's transpose flags) instead of after a Transpose task copied it.
-    :mod:`dfdl.graph.fold_transpose` writes it into training graphs.
+    :mod:`dfdl.training.passes.fold_transpose` writes it into training graphs.
 
     Example:
         >>> a, b = np.ones((2, 4, 3), np.float32), np.ones((4, 5), np.float32)

@@ -246,7 +246,7 @@ def UpdateGroup(*inputs, update, layout, arity, n_shared, **attrs):
     members' outputs, member by member; ``attrs`` are the member op's. One node (one
     task per step) instead of one per small parameter: a task costs the embedded
     cluster a scheduler round trip, and a network's biases and normalization scales are
-    dozens of tasks of a few microseconds each (:mod:`dfdl.graph.group_updates`).
+    dozens of tasks of a few microseconds each (:mod:`dfdl.training.passes.group_updates`).
 
     Example:
         >>> p = np.ones(2, np.float32); g = np.full(2, 0.5, np.float32)

@@ -147,7 +147,7 @@ class OpDef:
     #: inputs that must be known at plan time (a Reshape's shape, Slice's starts...)
     const_inputs: tuple[int, ...] = ()
     #: a GEMM-class contraction (MatMul, Conv...): its tasks are never fused into their
-    #: consumer (:mod:`dfdl.graph.fuse`); they are long enough to carry their own overhead
+    #: consumer (:mod:`dfdl.taskgraph.fuse`); they are long enough to carry their own overhead
     contraction: bool = False
 
     def kernel(self, device: str = "cpu") -> Callable:
@@ -209,7 +209,7 @@ def defvjp(name: str, domain: str = "") -> Callable[[Callable], Callable]:
     """Decorator attaching a VJP rule to a registered op (written next to the op).
 
     A VJP rule is ``vjp(b, node, dys) -> list`` where ``b`` is a
-    :class:`dfdl.graph.autodiff.GradBuilder`, ``node`` the forward IR node and ``dys``
+    :class:`dfdl.training.autodiff.GradBuilder`, ``node`` the forward IR node and ``dys``
     the gradient value name of each node output (None where no gradient flows). It
     returns, per node input, the name of the gradient value (None for no gradient),
     built from registry ops with ``b.op(...)``. Gradients may keep the broadcast shape

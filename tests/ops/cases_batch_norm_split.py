@@ -298,7 +298,7 @@ def _running(x, seed: int, id: str) -> OpCase:
     )
 
 
-# the running statistics of several split BatchNorms, one task (dfdl.graph.group_updates)
+# the running statistics of several split BatchNorms, one task (dfdl.training.passes.group_updates)
 CASES.append(
     _group([_running(X4, 9, "a"), _running(rand(2, 3, 5, seed=4), 11, "b")], id="group_running")
 )

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dfdl.graph.autodiff import gradients
-from dfdl.graph.bind import bind
-from dfdl.graph.onnx_io import to_ir
-from dfdl.graph.tiling import make_plan
+from dfdl.ir.bind import bind
+from dfdl.ir.onnx_io import to_ir
 from dfdl.ops import REGISTRY
 from dfdl.ops.registry import TensorType
-from dfdl.scheduler.executor import execute
+from dfdl.plan.tiling import make_plan
+from dfdl.runtime.executor import execute
+from dfdl.training.autodiff import gradients
 from tests.ops.test_registry import CASES
 
 DIRECTIONS = 3
@@ -113,7 +113,7 @@ def test_vjp_matches_finite_differences(case, tiles, client):
         terms.append((g.outputs[k], wname))
     if not terms:
         pytest.skip("no float output")  # pragma: no cover (filtered above)
-    from dfdl.graph.autodiff import GradBuilder
+    from dfdl.training.autodiff import GradBuilder
 
     b = GradBuilder(g, phase="loss")
     parts = [b.op("ReduceSum", [b.op("Mul", [o, w])], {"keepdims": 0}) for o, w in terms]

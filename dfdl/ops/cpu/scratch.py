@@ -14,7 +14,7 @@ Buffers over :data:`MAX_BYTES` are not kept (a plain ``np.empty``), so the memor
 Dask's accounting of tiles does not see stays below ``MAX_BYTES`` per name and worker
 thread. dfdl's worker preload lowers ``MAX_BYTES`` with :func:`fit_to_worker` so that
 all of a worker's scratch stays within :data:`WORKER_SHARE` of its memory limit,
-counting its task threads and its gang helpers (:mod:`dfdl.graph.gang`): a 1 GiB
+counting its task threads and its gang helpers (:mod:`dfdl.taskgraph.gang`): a 1 GiB
 worker with 2 task threads and 1 helper keeps buffers of up to 5.3 MiB, none of a 3-D
 U-Net's large grids.
 

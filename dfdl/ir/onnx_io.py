@@ -1,0 +1,335 @@
+"""ONNX in and out: load (path, bytes or ModelProto), check, convert to the IR and back.
+
+Loading is strict and safe: a truncated or invalid file, a failing ``onnx.checker``, an
+opset outside the supported range, an unsupported dtype, or an external-data location
+that is absolute, contains ``..`` or leaves the model's folder (also through a symlink)
+is a :class:`dfdl.errors.ModelError` or :class:`~dfdl.errors.UnsupportedOpError`.
+
+Example:
+    >>> import dfdl.models
+    >>> g = to_ir(load_model(dfdl.models.mlp((4, 3))))
+    >>> [n.op_type for n in g.nodes]
+    ['Gemm']
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import helper, numpy_helper
+
+from dfdl.errors import ModelError, UnsupportedOpError
+from dfdl.ir.canonical import canonicalize_node
+from dfdl.ir.graph import Graph, Node
+from dfdl.ops.registry import ONNX_DOMAINS
+
+#: default-domain opsets dfdl reads (13 is the oldest whose op semantics it implements)
+MIN_OPSET = 13
+MAX_OPSET = onnx.defs.onnx_opset_version()
+#: domains dfdl knows besides the default one
+KNOWN_DOMAINS = ("dfdl", "ai.onnx.ml", "ai.onnx.preview.training")
+
+#: numpy-native element types dfdl tiles carry
+_SUPPORTED_ELEM_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.INT32,
+    onnx.TensorProto.INT64,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.UINT16,
+    onnx.TensorProto.UINT32,
+    onnx.TensorProto.UINT64,
+    onnx.TensorProto.BOOL,
+}
+
+ModelLike = str | os.PathLike | bytes | onnx.ModelProto
+
+
+def np_dtype(elem_type: int, what: str) -> np.dtype:
+    """numpy dtype for an ONNX element type, or UnsupportedOpError naming ``what``."""
+    if elem_type not in _SUPPORTED_ELEM_TYPES:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
+        raise UnsupportedOpError(
+            f"{what} has element type {name}; dfdl supports float16/32/64, "
+            "(u)int8/16/32/64 and bool. Convert the model (e.g. export in float32)."
+        )
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def _check_external_locations(model: onnx.ModelProto, base: Path) -> None:
+    """Refuse external-data locations that could read outside the model's folder.
+
+    Accepted locations are rewritten to the resolved file, relative to ``base.resolve()``.
+    """
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    root = base.resolve()
+    for t in _get_all_tensors(model):
+        if not uses_external_data(t):
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        bad = ""
+        if not loc:
+            bad = "has no location"
+        elif os.path.isabs(loc) or loc.startswith(("/", "\\")):
+            bad = "is an absolute path"
+        elif ".." in Path(loc).parts or ".." in loc.replace("\\", "/").split("/"):
+            bad = "contains '..'"
+        else:
+            target = (root / loc).resolve()
+            if root != target and root not in target.parents:
+                bad = f"resolves to {target}, outside the model's folder {root}"
+            elif not target.is_file():
+                bad = f"points to {target}, which does not exist"
+            else:
+                # read the resolved file: onnx's loader refuses every symlink, even one
+                # that stays inside the folder
+                for e in t.external_data:
+                    if e.key == "location":
+                        e.value = target.relative_to(root).as_posix()
+        if bad:
+            raise ModelError(
+                f"initializer {t.name!r}: external data location {loc!r} {bad}. "
+                "External data must be a file inside the model's folder; refusing to read it."
+            )
+
+
+def load_model(model: ModelLike) -> onnx.ModelProto:
+    """Read and check a model from a path, bytes or a ModelProto.
+
+    Args:
+        model: path to an ``.onnx`` file (external data beside it is read), the file's
+            bytes, or an ``onnx.ModelProto``.
+
+    Returns:
+        The checked ModelProto with external data loaded.
+
+    Raises:
+        ModelError: unreadable, truncated or invalid model, or unsafe external data.
+
+    Example:
+        >>> m = load_model("model.onnx")  # doctest: +SKIP
+    """
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+    elif isinstance(model, bytes | bytearray):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except DecodeError as e:
+            raise ModelError(f"cannot parse the model bytes as ONNX ({e}); truncated?") from e
+        if not proto.graph.node and not proto.graph.output:
+            raise ModelError("the bytes given do not contain an ONNX model (empty graph)")
+    elif isinstance(model, str | os.PathLike):
+        path = Path(model).absolute()
+        if not path.is_file():
+            raise ModelError(f"model file {path} does not exist")
+        try:
+            proto = onnx.load(str(path), load_external_data=False)
+        except (DecodeError, ValueError, OSError) as e:
+            raise ModelError(f"cannot read {path} as ONNX ({e}); is it truncated?") from e
+        if not proto.graph.node and not proto.graph.output:
+            raise ModelError(f"{path} does not contain an ONNX model (empty graph)")
+        _check_external_locations(proto, path.parent)
+        from onnx.external_data_helper import load_external_data_for_model
+
+        try:
+            load_external_data_for_model(proto, str(path.parent.resolve()))
+        except Exception as e:  # onnx raises several types here
+            raise ModelError(f"cannot load external data of {path}: {e}") from e
+    else:
+        raise ModelError(
+            f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}"
+        )
+    try:
+        if proto.ByteSize() < 2**31 - 1:
+            onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        raise ModelError(f"the model fails onnx.checker: {str(e).strip()}") from e
+    return proto
+
+
+def _attr_value(a: onnx.AttributeProto, node: str, op: str) -> Any:
+    if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        raise UnsupportedOpError(
+            f"node {node!r} ({op}) has a subgraph attribute {a.name!r}; "
+            "dfdl does not support control flow (If/Loop/Scan).",
+            op_type=op,
+            node=node,
+        )
+    if a.type == onnx.AttributeProto.TENSOR:
+        return numpy_helper.to_array(a.t)
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list):
+        return [x.decode() if isinstance(x, bytes) else x for x in v]
+    return v
+
+
+def _default_attrs(op_type: str, opset: int, domain: str) -> dict[str, Any]:
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return {}
+    out = {}
+    for name, a in schema.attributes.items():
+        if a.default_value.type != onnx.AttributeProto.UNDEFINED:
+            out[name] = _attr_value(a.default_value, "", op_type)
+    return out
+
+
+def _declared(vi: onnx.ValueInfoProto) -> tuple[tuple, np.dtype]:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise UnsupportedOpError(
+            f"graph input {vi.name!r} is not a tensor (sequence/map/optional inputs are "
+            "not supported)"
+        )
+    dtype = np_dtype(tt.elem_type, f"graph input {vi.name!r}")
+    if not tt.HasField("shape"):
+        return None, dtype
+    dims = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return tuple(dims), dtype
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    """The default-domain opset the model imports, checked against the supported range."""
+    opsets = {o.domain: o.version for o in model.opset_import}
+    version = opsets.get("", opsets.get("ai.onnx"))
+    if version is None:
+        raise ModelError("the model imports no default-domain (ai.onnx) opset")
+    if not MIN_OPSET <= version <= MAX_OPSET:
+        raise UnsupportedOpError(
+            f"the model uses default-domain opset {version}; dfdl supports opsets "
+            f"{MIN_OPSET} to {MAX_OPSET}. Re-export it (torch.onnx.export(..., "
+            "opset_version=18)) or convert it with onnx.version_converter.",
+            opset=version,
+        )
+    return version
+
+
+def to_ir(model: onnx.ModelProto) -> Graph:
+    """Convert a checked ModelProto to dfdl's IR (canonical, latest-opset form).
+
+    Nodes get unique names (``f"{op_type}_{i}"`` where the file has none), attributes
+    get their schema defaults, and older-opset forms are rewritten to the latest one
+    (for example ReduceMean's ``axes`` attribute becomes its second input).
+    """
+    opset = model_opset(model)
+    domains = {o.domain: o.version for o in model.opset_import}
+    g = model.graph
+    graph = Graph(name=g.name or "graph", opset=opset, producer=model.producer_name)
+    for t in g.initializer:
+        dtype = np_dtype(t.data_type, f"initializer {t.name!r}")
+        graph.initializers[t.name] = numpy_helper.to_array(t).astype(dtype, copy=False)
+    for t in g.sparse_initializer:
+        raise UnsupportedOpError(f"sparse initializer {t.values.name!r} is not supported")
+    for vi in g.input:
+        if vi.name in graph.initializers:
+            continue
+        graph.inputs.append(vi.name)
+        graph.declared[vi.name] = _declared(vi)
+    graph.outputs = [o.name for o in g.output]
+    for vi in g.output:
+        # kept for export (from_ir): an unbound graph knows its outputs only from here
+        if vi.name not in graph.declared and vi.type.tensor_type.elem_type in _SUPPORTED_ELEM_TYPES:
+            graph.declared[vi.name] = _declared(vi)
+    used = set()
+    for i, n in enumerate(g.node):
+        name = n.name or f"{n.op_type}_{i}"
+        while name in used:
+            name = f"{name}_{i}"
+        used.add(name)
+        domain = "" if n.domain in ONNX_DOMAINS else n.domain
+        if domain and domain not in KNOWN_DOMAINS:
+            raise UnsupportedOpError(
+                f"node {name!r} uses op {n.op_type!r} of domain {n.domain!r}, which dfdl "
+                "does not support (only the default ONNX domain and 'dfdl').",
+                op_type=n.op_type,
+                node=name,
+                domain=n.domain,
+            )
+        version = domains.get(n.domain, opset) if domain else opset
+        attrs = _default_attrs(n.op_type, version, n.domain)
+        attrs.update({a.name: _attr_value(a, name, n.op_type) for a in n.attribute})
+        node = Node(name, n.op_type, list(n.input), list(n.output), attrs, domain)
+        graph.nodes.extend(canonicalize_node(node, version, graph))
+    return graph
+
+
+def _value_info(name: str, shape, dtype) -> onnx.ValueInfoProto:
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
+
+
+def _onnx_attr(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return numpy_helper.from_array(v)
+    return v
+
+
+def from_ir(graph: Graph, *, symbolic: bool = True) -> onnx.ModelProto:
+    """Write the IR as an ONNX model (checked), keeping declared symbolic input dims.
+
+    Args:
+        graph: the IR graph.
+        symbolic: keep the declared symbolic dimensions ("batch") on inputs; with
+            False, write the bound static shapes.
+    """
+    nodes = [
+        helper.make_node(
+            n.op_type,
+            n.inputs,
+            n.outputs,
+            name=n.name,
+            domain=n.domain,
+            **{k: _onnx_attr(v) for k, v in n.attrs.items() if not k.startswith("_")},
+        )
+        for n in graph.nodes
+    ]
+    inputs = []
+    for name in graph.inputs:
+        t = graph.types.get(name)
+        dims, dtype = graph.declared.get(name, (None, None))
+        if not symbolic and t is not None:
+            dims = t.shape
+        inputs.append(_value_info(name, dims, dtype if dtype is not None else t.dtype))
+    outputs = []
+    for name in graph.outputs:
+        t = graph.types.get(name)
+        dims, dtype = graph.declared.get(name, (None, None))
+        if t is not None:
+            if not symbolic:
+                dims = t.shape
+            elif dims is None or len(dims) != t.rank:
+                dims = [None] * t.rank
+            dtype = t.dtype
+        if dtype is None:
+            outputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        else:
+            outputs.append(_value_info(name, dims, dtype))
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in graph.initializers.items()]
+    g = helper.make_graph(nodes, graph.name, inputs, outputs, inits)
+    opsets = [helper.make_opsetid("", max(graph.opset, 21))]
+    if any(n.domain == "dfdl" for n in graph.nodes):
+        opsets.append(helper.make_opsetid("dfdl", 1))
+    model = helper.make_model(g, opset_imports=opsets, producer_name="dfdl")
+    model.ir_version = min(model.ir_version, 10)
+    return model

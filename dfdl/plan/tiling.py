@@ -1,0 +1,708 @@
+"""The tiling planner: chunks for every tensor, a tile grid for every node.
+
+Each node's tile rule (:class:`dfdl.ops.registry.TileSpec`) names the node's axes with
+letters. The planner gives every letter a chunking (tuple of chunk sizes, as in dask):
+
+* ``tiles="uneven"`` (for tests): every letter axis of size >= 3 gets uneven chunks
+  (``5 -> (3, 1, 1)``), so every tile rule is exercised off the easy path;
+* a dict ``{"batch": b, "model": m}``: axes descending from a graph input's axis 0 are
+  split into ``b`` chunks, axes indexed by a weight (features, channels) into ``m``;
+* ``None``: automatic, from the batch size, the tensor sizes and the cluster's cores.
+
+With a worker ``memory_limit``, the planner also bounds every task's memory (inputs +
+outputs + temporaries, estimated as the outputs once more) to ``task_fraction`` of it:
+automatic tilings are split further (batch or model, whichever shrinks the largest task
+more) until every task fits; a tiling that cannot fit, or an explicit ``tiles=`` that
+does not, is a :class:`~dfdl.errors.MemoryPlanError` naming the node and the smallest
+memory limit that would work.
+
+Tensors get the chunks of the letters on their axes; graph inputs and initializers take
+the chunks their first consumer asks for. Where a consumer needs a region that is not
+one tile, lowering assembles it from the producer's tiles, so a mismatch costs copies
+but never changes results.
+
+Example:
+    >>> plan = make_plan(graph, tiles={"batch": 4})  # doctest: +SKIP
+    >>> print(plan.summary())                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dfdl.errors import MemoryPlanError, PlanError
+from dfdl.ir.graph import Graph, Node
+from dfdl.ops import lookup
+from dfdl.ops.common import whole_tile
+from dfdl.ops.registry import TensorType, TileContext, TileSpec
+
+Chunks = tuple[tuple[int, ...], ...]
+
+#: below this many bytes per tile, automatic planning does not split further
+MIN_TILE_BYTES = 256 * 2**10
+#: automatic planning splits the model instead of the batch when a weight is at least
+#: this big and bigger than every activation (see :func:`_auto_tiles`)
+MODEL_SPLIT_BYTES = 16 * 2**20
+#: the keys of a ``tiles=`` dict. ``min_weight_tile`` (bytes): a weight whose model tiles
+#: would be smaller keeps the model axes of its outputs whole; the automatic tiling sets
+#: it to ``MIN_TILE_BYTES`` (the MLP's 4096 x 10 head: its 10 logits in two tiles of 5
+#: made 8 more tasks per step and two more dependency hops), tiles refined for a memory
+#: limit split every weight again
+TILES_KEYS = ("batch", "model", "space", "min_weight_tile")
+#: most partial results one combine task sums (bounded fan-in, tree order fixed)
+REDUCE_FAN_IN = 4
+#: share of a worker's memory limit one task may use: the rest holds other tasks' tiles
+#: (one task per worker thread runs at a time) and the worker process itself
+TASK_MEMORY_FRACTION = 0.25
+#: memory-bounded planning gives up beyond this many tasks per pass (at about a
+#: millisecond of scheduling each, more would take longer to schedule than to compute)
+MAX_PLAN_TASKS = 100_000
+
+
+def even_chunks(size: int, parts: int) -> tuple[int, ...]:
+    """``size`` split into ``parts`` near-equal chunks, larger ones first."""
+    parts = max(1, min(parts, size)) if size else 1
+    q, r = divmod(size, parts)
+    return tuple(q + 1 if i < r else q for i in range(parts))
+
+
+def uneven_chunks(size: int) -> tuple[int, ...]:
+    """Deliberately unequal chunks for sizes >= 3: 3 -> (2, 1), 5 -> (3, 1, 1)."""
+    if size < 3:
+        return (size,)
+    first = (size + 1) // 2
+    rest = size - first
+    return (first,) + even_chunks(rest, min(2, rest))
+
+
+@dataclass
+class NodePlan:
+    """Tiling of one node: its spec and the chunks of every letter it uses."""
+
+    node: Node
+    spec: TileSpec
+    letters: dict[str, tuple[int, ...]]
+    sizes: dict[str, int]
+
+    def grid_letters(self) -> list[str]:
+        seen: list[str] = []
+        for _, s in present_outputs(self.node, self.spec):
+            for ch in s:
+                if ch != "." and ch not in seen:
+                    seen.append(ch)
+        return seen
+
+    def n_tiles(self) -> int:
+        return math.prod(len(self.letters[c]) for c in self.grid_letters())
+
+    def n_partials(self) -> int:
+        return math.prod(len(self.letters[c]) for c in self.spec.contracted())
+
+    def n_tasks(self) -> int:
+        parts = self.n_partials()
+        combines = 0
+        while parts > 1:
+            parts = math.ceil(parts / REDUCE_FAN_IN)
+            combines += parts
+        return self.n_tiles() * (self.n_partials() + combines)
+
+
+@dataclass
+class Plan:
+    """A graph with a chunking for every tensor and a tiling for every node."""
+
+    graph: Graph
+    chunks: dict[str, Chunks]
+    nodes: list[NodePlan]
+    tiles: object = None  # the tiling used: {"batch": b, "model": m} or "uneven"
+    task_bytes: dict[str, int] = field(default_factory=dict)
+    task_memory: dict[str, int] = field(default_factory=dict)
+    output_bytes: dict[str, int] = field(default_factory=dict)  # largest task's outputs
+    memory_limit: int | None = None
+    footprint: int = 0  # the worker process's own bytes, counted against memory_limit
+
+    def n_tasks(self) -> int:
+        """Number of compute tasks of one forward pass (sources excluded)."""
+        return sum(n.n_tasks() for n in self.nodes)
+
+    def largest_task(self) -> tuple[str, int]:
+        """(node name, bytes) of the task with the most input + output bytes."""
+        if not self.task_bytes:
+            return ("", 0)
+        name = max(self.task_bytes, key=self.task_bytes.get)
+        return name, self.task_bytes[name]
+
+    def peak_task(self) -> tuple[str, int]:
+        """(node name, bytes) of the task with the largest memory estimate (inputs +
+        outputs + temporaries)."""
+        if not self.task_memory:
+            return ("", 0)
+        name = max(self.task_memory, key=self.task_memory.get)
+        return name, self.task_memory[name]
+
+    def estimate(self, workers: int, threads_per_worker: int = 1):
+        """The pre-flight memory estimate on ``workers`` processes (see
+        :func:`dfdl.plan.estimate.estimate_memory`).
+
+        Example:
+            >>> plan.estimate(workers=2).spilled_per_step  # doctest: +SKIP
+        """
+        from dfdl.plan.estimate import estimate_memory
+
+        return estimate_memory(self, workers, threads_per_worker=threads_per_worker)
+
+    def summary(self, workers: int | None = None, threads_per_worker: int = 1) -> str:
+        """Human-readable table: each tensor's tiling, the task count, the largest task;
+        with ``workers`` (processes) also the memory estimate
+        (:func:`dfdl.plan.estimate.estimate_memory`)."""
+        g = self.graph
+        lines = [
+            f"plan for {g.name!r}: {len(self.nodes)} nodes, {self.n_tasks()} tasks,"
+            f" tiles={self.tiles!r}"
+        ]
+        name, nbytes = self.largest_task()
+        lines.append(f"largest task: {name} ({format_bytes(nbytes)} in + out)")
+        if self.memory_limit:
+            name, nbytes = self.peak_task()
+            lines.append(
+                f"largest task memory: {name} ({format_bytes(nbytes)} with temporaries; "
+                f"worker memory limit {format_bytes(self.memory_limit)})"
+            )
+        if workers:
+            lines.extend(self.estimate(workers, threads_per_worker).lines())
+        lines.append(f"{'tensor':40s} {'shape':22s} {'dtype':8s} {'tiles':>6s}  chunks")
+        for tname, ch in self.chunks.items():
+            t = g.types[tname]
+            ntiles = math.prod(len(c) for c in ch) if ch else 1
+            shown = "x".join(_fmt_chunks(c) for c in ch) if ch else "scalar"
+            lines.append(
+                f"{tname[:40]:40s} {str(list(t.shape))[:22]:22s} {str(t.dtype):8s} "
+                f"{ntiles:>6d}  {shown}"
+            )
+        return "\n".join(lines)
+
+
+def _fmt_chunks(c: tuple[int, ...]) -> str:
+    if len(set(c)) == 1:
+        return f"{c[0]}" if len(c) == 1 else f"{len(c)}*{c[0]}"
+    return "(" + ",".join(map(str, c)) + ")"
+
+
+def format_bytes(n: int) -> str:
+    """Bytes for people: ``format_bytes(3 * 2**20) == "3.0 MiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def node_spec(node: Node, graph: Graph) -> TileSpec:
+    """The node's TileSpec from its op's tile rule (untiled when the op has none)."""
+    op = lookup(node.op_type, node.domain)
+    consts = graph.initializers
+    ctx = TileContext(
+        inputs=tuple(graph.types.get(i) if i else None for i in node.inputs),
+        outputs=tuple(graph.types[o] if o else None for o in _trimmed(node.outputs)),
+        consts=tuple(consts.get(i) if i else None for i in node.inputs),
+        attrs=node.attrs,
+    )
+    spec = (op.tile or whole_tile)(ctx)
+    n_out = len(ctx.outputs)
+    if len(spec.outputs) < n_out or len(spec.inputs) < len([i for i in node.inputs]):
+        raise PlanError(
+            f"node {node.name!r} ({node.op_type}): tile rule returned "
+            f"{len(spec.inputs)} input / {len(spec.outputs)} output specs for "
+            f"{len(node.inputs)} inputs / {n_out} outputs"
+        )
+    return spec
+
+
+def _trimmed(outputs: list[str]) -> list[str]:
+    """Output names without trailing absent ones (middle ones stay, as "")."""
+    out = list(outputs)
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+def present_outputs(node: Node, spec: TileSpec) -> list[tuple[str, str]]:
+    """(output name, its spec) for every output the node produces."""
+    return [(o, spec.outputs[p]) for p, o in enumerate(node.outputs) if o]
+
+
+def _letter_sizes(node: Node, spec: TileSpec, graph: Graph) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    pairs = [(i, n, s) for i, (n, s) in enumerate(zip(node.inputs, spec.inputs))]
+    pairs += [(None, n, s) for n, s in present_outputs(node, spec)]
+    for i, name, s in pairs:
+        if not name or s is None:
+            continue
+        t = graph.types[name]
+        if len(s) != t.rank:
+            raise PlanError(
+                f"node {node.name!r} ({node.op_type}): tile spec {s!r} for {name!r} does "
+                f"not match its rank {t.rank}"
+            )
+        for axis, (ch, d) in enumerate(zip(s, t.shape)):
+            if ch == "." or (i, axis) in spec.windows:  # a halo read does not size a letter
+                continue
+            prev = sizes.get(ch)
+            if prev is None or prev == 1:
+                sizes[ch] = d
+            elif d != 1 and d != prev:
+                raise PlanError(
+                    f"node {node.name!r} ({node.op_type}): tile letter {ch!r} has sizes "
+                    f"{prev} and {d}"
+                )
+    return sizes
+
+
+@dataclass
+class _Policy:
+    mode: str  # "uneven" | "split"
+    batch: int = 1
+    model: int = 1
+    space: int = 1
+    # bytes: a weight whose model tiles would be smaller keeps its outputs' model axes whole
+    min_weight_tile: int = 0
+
+    def tiles(self) -> dict[str, int] | str:
+        """The tiling as ``tiles=`` spells it ("space" only when it splits,
+        "min_weight_tile" only where the model splits)."""
+        if self.mode == "uneven":
+            return "uneven"
+        out = {"batch": self.batch, "model": self.model}
+        if self.space > 1:
+            out["space"] = self.space
+        if self.model > 1 and self.min_weight_tile:
+            out["min_weight_tile"] = self.min_weight_tile
+        return out
+
+    def grown(self, batch: int, model: int, space: int) -> _Policy:
+        # finer tiles for a memory limit split every weight again
+        return _Policy("split", self.batch * batch, self.model * model, self.space * space)
+
+    def splits_weight(self, nbytes: int) -> bool:
+        """Whether a weight of ``nbytes`` splits the model axes of the outputs it feeds."""
+        return nbytes >= self.model * self.min_weight_tile
+
+    def chunks(self, size: int, roles: set[str]) -> tuple[int, ...]:
+        if self.mode == "uneven":
+            return uneven_chunks(size)
+        parts = 1
+        for role, n in (("batch", self.batch), ("model", self.model), ("space", self.space)):
+            if role in roles:
+                parts *= n
+        return even_chunks(size, parts)
+
+
+def _auto_tiles(graph: Graph, cores: int, weights: set[str]) -> dict[str, int]:
+    """Batch tiles from the cores and the activation sizes; model tiles stay 1, except
+    for a graph whose weights outweigh its activations.
+
+    Batch tiles leave each weight's gradient and update one task per weight: for a
+    large weight (an MLP's 4096x4096 layers: 64 MiB of weight against 16 MiB of
+    activations at batch 1024) those tasks run on one core while the others wait for
+    the updated weight at the step boundary. Split into model tiles instead (along both
+    of a weight's axes, so ``model ** 2 >= cores`` tiles), every GEMM and update is
+    spread over the cores: the MLP's step went from 0.891 to 0.827 s (``python
+    bench/ab.py mlp dfdl.plan.tiling._auto_tiles --b 'lambda g, c, w: {"batch": 1,
+    "model": 2}'``, medians of 3 alternating rounds on 2 cores).
+    """
+    batch = 0
+    for name in graph.inputs:
+        t = graph.types[name]
+        if name in weights:
+            continue
+        if t.rank:
+            batch = max(batch, t.shape[0])
+    if batch <= 1:
+        return {"batch": 1, "model": 1}
+    biggest = max((t.nbytes for t in graph.types.values()), default=0)
+    heaviest = max((graph.types[w].nbytes for w in weights if w in graph.types), default=0)
+    activations = max(
+        (
+            t.nbytes
+            for name, t in graph.types.items()
+            if name not in weights and t.rank and t.shape[0] == batch
+        ),
+        default=0,
+    )
+    if cores > 1 and heaviest >= MODEL_SPLIT_BYTES and heaviest > activations:
+        return {"batch": 1, "model": math.isqrt(cores - 1) + 1}
+    by_size = max(1, biggest // MIN_TILE_BYTES)
+    return {"batch": int(max(1, min(cores, batch, by_size))), "model": 1}
+
+
+def _policy(tiles, graph: Graph, cores: int, weights: set[str]) -> _Policy:
+    if tiles == "uneven":
+        return _Policy("uneven")
+    if tiles is None:
+        auto = _auto_tiles(graph, cores, weights)
+        return _Policy("split", auto["batch"], auto["model"], 1, MIN_TILE_BYTES)
+    if not isinstance(tiles, Mapping):
+        raise PlanError(
+            "tiles must be None, 'uneven' or a dict like {'batch': 4, 'model': 2, 'space': 2}, "
+            f"not {tiles!r}"
+        )
+    bad = [k for k in tiles if k not in TILES_KEYS]
+    if bad:
+        raise PlanError(f"tiles: unknown key(s) {bad}; use {', '.join(map(repr, TILES_KEYS))}")
+    for k, v in tiles.items():
+        if not isinstance(v, int | np.integer) or v < (0 if k == "min_weight_tile" else 1):
+            kind = "a non-negative" if k == "min_weight_tile" else "a positive"
+            raise PlanError(f"tiles[{k!r}] must be {kind} integer, not {v!r}")
+    return _Policy(
+        "split",
+        int(tiles.get("batch", 1)),
+        int(tiles.get("model", 1)),
+        int(tiles.get("space", 1)),
+        int(tiles.get("min_weight_tile", 0)),
+    )
+
+
+def make_plan(
+    graph: Graph,
+    tiles=None,
+    *,
+    cores: int = 1,
+    weights: Collection[str] = (),
+    memory_limit: int | None = None,
+    task_fraction: float = TASK_MEMORY_FRACTION,
+    footprint: int | None = None,
+    carry: Mapping[str, str] | None = None,
+) -> Plan:
+    """Plan the tiling of a bound graph (see the module docstring).
+
+    Args:
+        graph: a graph after :func:`dfdl.ir.bind.bind` (static types everywhere).
+        tiles: ``None`` (automatic), ``"uneven"``, or ``{"batch": b, "model": m}``.
+        cores: worker threads of the target cluster (used by automatic planning).
+        weights: graph inputs that are parameters or optimizer state, not data (the
+            training graph's carried tensors): their axis 0 is not a batch axis, and
+            the axes they index are model axes, as for initializers.
+        memory_limit: the smallest worker's memory limit in bytes (None: unbounded).
+        task_fraction: share of ``memory_limit`` one task may use.
+        footprint: the worker process's own resident bytes, counted against
+            ``memory_limit`` (default: :func:`dfdl.plan.estimate.worker_footprint`, 0
+            when Dask's process-memory thresholds are off). With one, a task also fits
+            between Dask's spill threshold and :data:`~dfdl.plan.estimate.HEADROOM`
+            (:func:`dfdl.plan.estimate.task_budget`), and the footprint with one task
+            must fit under the spill threshold.
+        carry: carried input -> the output with its next value (a training graph's
+            ``new``): the input gets the output's chunks, so a step's tiles feed the
+            next step as they are (readers with other tile grids slice or assemble
+            them) instead of through rechunk tasks every step.
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        MemoryPlanError: no tiling (or not the given ``tiles``) keeps every task under
+            ``task_fraction * memory_limit``.
+
+    Example:
+        >>> plan = make_plan(graph, memory_limit=2**30)  # doctest: +SKIP
+    """
+    weights = set(weights)
+    carry = dict(carry or {})
+    policy = _policy(tiles, graph, cores, weights)
+    plan = _build(graph, policy, weights, carry)
+    if memory_limit is None or policy.mode == "uneven":
+        return plan
+    if not task_fraction > 0 or memory_limit <= 0:
+        raise PlanError(
+            f"memory_limit ({memory_limit!r}) and task_fraction ({task_fraction!r}) must be "
+            "positive"
+        )
+    from dfdl.plan.estimate import smallest_limit, spill_threshold, task_budget, worker_footprint
+
+    if footprint is None:
+        footprint = worker_footprint()
+    budget = task_budget(memory_limit, footprint, task_fraction)
+    if footprint and footprint + budget > spill_threshold() * memory_limit:
+        # budget and spill line both grow with the limit: F + f * L <= spill * L
+        room = spill_threshold() - budget / memory_limit
+        smallest = (math.ceil(footprint / room / 2**20) + 1) * 2**20 if room > 0 else 0
+        raise MemoryPlanError(
+            f"the worker memory limit {format_bytes(memory_limit)} leaves no room for tiles: "
+            f"a worker process takes about {format_bytes(footprint)} of its own, and Dask "
+            f"spills everything it can at {spill_threshold():g} of the limit. Give each "
+            f"worker at least {format_bytes(smallest)} (or set dask config "
+            "dfdl.memory.worker-footprint to an idle worker's measured resident memory).",
+            memory_limit=int(memory_limit),
+            smallest_limit=smallest,
+        )
+    if tiles is None:
+        plan = _refine(graph, policy, weights, plan, budget, carry)
+    plan.memory_limit = int(memory_limit)
+    plan.footprint = int(footprint)
+    name, need = plan.peak_task()
+    if need > budget:
+        smallest = smallest_limit(need, footprint, task_fraction)
+        how = (
+            f"the tiles={tiles!r} given"
+            if tiles is not None
+            else f"the finest batch and model tiling dfdl makes ({plan.tiles}, "
+            f"{plan.n_tasks()} tasks; at most {MAX_PLAN_TASKS})"
+        )
+        raise MemoryPlanError(
+            f"node {name!r} needs about {format_bytes(need)} per task with {how}, more than "
+            f"the {format_bytes(budget)} a task may use under the worker memory limit "
+            f"{format_bytes(memory_limit)}"
+            + f" ({budget / memory_limit:g} of it). "
+            + f"Give each worker at least {format_bytes(smallest)}"
+            + (", or split further with tiles=" if tiles is not None else ", or a smaller batch")
+            + ".",
+            node=name,
+            task_bytes=need,
+            memory_limit=int(memory_limit),
+            smallest_limit=smallest,
+        )
+    return plan
+
+
+def _refine(
+    graph: Graph,
+    policy: _Policy,
+    weights: set[str],
+    plan: Plan,
+    budget: int,
+    carry: Mapping[str, str],
+) -> Plan:
+    """Split an automatic tiling further until the largest task fits ``budget``.
+
+    Each round doubles the batch, the model or the spatial tiles: the one that fits with
+    fewer tasks, else the one that shrinks the largest task more; all at once only when
+    none alone shrinks it (several nodes at the top, one per role). Stops when nothing
+    shrinks the largest task.
+    """
+
+    def grown(*factors: int) -> tuple[int, int, _Policy, Plan]:
+        p = policy.grown(*factors)
+        built = _build(graph, p, weights, carry)
+        return built.peak_task()[1], built.n_tasks(), p, built
+
+    def shrinking(candidates) -> list:
+        now = plan.peak_task()[1]
+        return [c for c in candidates if c[0] < now and c[1] <= MAX_PLAN_TASKS]
+
+    while plan.peak_task()[1] > budget:
+        better = shrinking(grown(*f) for f in ((2, 1, 1), (1, 2, 1), (1, 1, 2)))
+        if not better:
+            better = shrinking([grown(2, 2, 2)])
+        if not better:
+            break
+        fitting = [c for c in better if c[0] <= budget]
+        _, _, policy, plan = (
+            min(fitting, key=lambda c: c[1]) if fitting else min(better, key=lambda c: c[:2])
+        )
+    return plan
+
+
+def _build(graph: Graph, policy: _Policy, weights: set[str], carry: Mapping[str, str]) -> Plan:
+    """The plan of one tiling policy."""
+    roles: dict[tuple[str, int], set[str]] = {}
+    for name in graph.inputs:
+        if graph.types[name].rank and name not in weights:
+            roles[(name, 0)] = {"batch"}
+    chunks: dict[str, Chunks] = {}
+    shape_roles: dict[tuple, dict[int, set[str]]] = {}
+    node_plans: list[NodePlan] = []
+    task_bytes: dict[str, int] = {}
+    task_memory: dict[str, int] = {}
+    output_bytes: dict[str, int] = {}
+    for node in graph.nodes:
+        spec = node_spec(node, graph)
+        sizes = _letter_sizes(node, spec, graph)
+        letter_roles: dict[str, set[str]] = {c: set() for c in sizes}
+        out_letters = set("".join(spec.outputs))
+        for i, (name, s) in enumerate(zip(node.inputs, spec.inputs)):
+            if not name or s is None:
+                continue
+            is_weight = name in graph.initializers or name in weights
+            splits = is_weight and policy.splits_weight(graph.types[name].nbytes)
+            for axis, ch in enumerate(s):
+                if ch == "." or (i, axis) in spec.windows:
+                    continue
+                if graph.types[name].shape[axis] != sizes[ch]:
+                    continue
+                letter_roles[ch] |= roles.get((name, axis), set())
+                if splits and ch in out_letters:
+                    letter_roles[ch].add("model")
+        if spec.spatial[:1] in letter_roles:
+            letter_roles[spec.spatial[0]].add("space")  # slabs along the outermost axis
+        if not any(letter_roles.values()):
+            # a node fed by no tiled tensor (the loss gradient broadcast from a scalar):
+            # its axes play the roles of the first tensor seen with its output's shape
+            for name, s in present_outputs(node, spec):
+                seen = shape_roles.get(graph.types[name].shape, {})
+                for axis, ch in enumerate(s):
+                    if ch != ".":
+                        letter_roles[ch] |= seen.get(axis, set())
+        letters: dict[str, tuple[int, ...]] = {}
+        for ch, size in sizes.items():
+            letters[ch] = policy.chunks(size, letter_roles[ch])
+        wide = _channels_for_batch(node, spec, graph, roles, letter_roles, policy)
+        if wide is not None:
+            ch, factor = wide
+            letters[ch] = even_chunks(sizes[ch], len(letters[ch]) * factor)
+        for ch in _whole_contraction(node, spec, graph, letters, letter_roles):
+            letters[ch] = (sizes[ch],)
+        for i, (name, s) in enumerate(zip(node.inputs, spec.inputs)):
+            if not name or name in chunks:
+                continue
+            t = graph.types[name]
+            if s is None:
+                chunks[name] = tuple((d,) for d in t.shape)
+            else:
+                chunks[name] = tuple(
+                    (d,)
+                    if ch == "."
+                    else even_chunks(d, len(letters[ch]))  # a halo'd input: as many slabs
+                    if (i, axis) in spec.windows
+                    else (d,)
+                    if d != sizes[ch]
+                    else letters[ch]
+                    for axis, (ch, d) in enumerate(zip(s, t.shape))
+                )
+        for name, s in present_outputs(node, spec):
+            t = graph.types[name]
+            chunks[name] = tuple((d,) if ch == "." else letters[ch] for ch, d in zip(s, t.shape))
+            if t.shape not in shape_roles and any(letter_roles[ch] for ch in s if ch != "."):
+                shape_roles[t.shape] = {a: letter_roles[ch] for a, ch in enumerate(s) if ch != "."}
+            same = _same_shape_input(node, graph, t)
+            for axis, ch in enumerate(s):
+                if ch != ".":
+                    roles[(name, axis)] = letter_roles[ch]
+                elif same is not None and (same, axis) in roles:
+                    # an axis this node keeps whole (BatchNorm's batch) is still the
+                    # batch axis for the consumers, which may split it again
+                    roles[(name, axis)] = roles[(same, axis)]
+        np_ = NodePlan(node, spec, letters, sizes)
+        node_plans.append(np_)
+        ins, outs = _max_task_bytes(np_, graph)
+        task_bytes[node.name] = ins + outs
+        task_memory[node.name] = ins + 2 * outs  # temporaries: about the outputs again
+        output_bytes[node.name] = outs
+    for name in graph.outputs:
+        if name not in chunks:
+            chunks[name] = tuple((d,) for d in graph.types[name].shape)
+    for name, new in carry.items():
+        if name in chunks and new in chunks and graph.types[name].shape == graph.types[new].shape:
+            chunks[name] = chunks[new]
+    return Plan(graph, chunks, node_plans, policy.tiles(), task_bytes, task_memory, output_bytes)
+
+
+def _channels_for_batch(
+    node: Node,
+    spec: TileSpec,
+    graph: Graph,
+    roles: Mapping[tuple[str, int], set[str]],
+    letter_roles: Mapping[str, set[str]],
+    policy: _Policy,
+) -> tuple[str, int] | None:
+    """(model letter, factor) for a node that keeps a batch axis whole: its channels
+    split ``factor`` times more, as many as the batch tiles around it; None for every
+    other node.
+
+    A training-mode BatchNormalization (and its gradient) needs each channel's
+    statistics over the whole batch, so its tile grid has only the channel axis: with
+    ``model=1`` it was one task that one worker thread ran while the others waited on it
+    (a 3-D U-Net's first decoder level put 0.29 s of such tasks on the critical path of
+    a 2.6 s step on 2 threads). Per-channel math does not change with the channel tiles.
+    """
+    if policy.mode != "split" or policy.batch <= 1:
+        return None
+    grid = [ch for _, s in present_outputs(node, spec) for ch in s if ch != "."]
+    if any("batch" in letter_roles.get(ch, ()) for ch in grid):
+        return None
+    batch = max(
+        (
+            graph.types[name].shape[axis]
+            for name, s in zip(node.inputs, spec.inputs)
+            if name and s is not None
+            for axis, ch in enumerate(s)
+            if ch == "." and "batch" in roles.get((name, axis), ())
+        ),
+        default=0,
+    )
+    factor = len(even_chunks(batch, policy.batch))
+    wide = next((ch for ch in grid if "model" in letter_roles.get(ch, ())), None)
+    return None if wide is None or factor <= 1 else (wide, factor)
+
+
+def _whole_contraction(
+    node: Node,
+    spec: TileSpec,
+    graph: Graph,
+    letters: Mapping[str, tuple[int, ...]],
+    letter_roles: Mapping[str, set[str]],
+) -> list[str]:
+    """The batch letters a GEMM-class node contracts whole, reading its inputs whole:
+    those of a node whose outputs outweigh its inputs; [] for every other node.
+
+    A dense layer's weight gradient ``X^T @ dY`` with the batch split in ``b`` tiles made
+    ``b`` partial products of the whole weight's size and a task summing them: for the
+    MLP's 4096 x 4096 layers at batch 1024, two 64 MiB partials and a sum reading 128
+    MiB, from 32 MiB of inputs. One product over the whole batch writes the weight's
+    tile once; the other thread meanwhile runs the input gradient's two batch tiles of
+    the same size. Convolution weight gradients (small weights, large activations) and
+    every non-contraction keep their partials.
+    """
+    op = lookup(node.op_type, node.domain)
+    split = [ch for ch in spec.contracted() if len(letters.get(ch, ())) > 1]
+    if op is None or not op.contraction or not split:
+        return []
+    if any(letter_roles.get(ch) != {"batch"} for ch in split):
+        return []
+    outs = sum(graph.types[o].nbytes for o, _ in present_outputs(node, spec))
+    ins = sum(graph.types[i].nbytes for i in node.inputs if i)
+    return split if outs > ins else []
+
+
+def _same_shape_input(node: Node, graph: Graph, t: TensorType) -> str | None:
+    """The first input of ``node`` with the shape of output type ``t``, if any."""
+    for name in node.inputs:
+        if name and name in graph.types and graph.types[name].shape == t.shape:
+            return name
+    return None
+
+
+def _max_task_bytes(np_: NodePlan, graph: Graph) -> tuple[int, int]:
+    """(input bytes, output bytes) of the node's largest tile task."""
+    node, spec = np_.node, np_.spec
+    totals = [0, 0]
+    named = [(0, i, n, s) for i, (n, s) in enumerate(zip(node.inputs, spec.inputs))]
+    named += [(1, None, n, s) for n, s in present_outputs(node, spec)]
+    for side, i, name, s in named:
+        if not name:
+            continue
+        t: TensorType = graph.types[name]
+        if s is None:
+            totals[side] += t.nbytes
+            continue
+        n = t.dtype.itemsize
+        for axis, (ch, d) in enumerate(zip(s, t.shape)):
+            window = spec.windows.get((i, axis)) if side == 0 else None
+            if ch != "." and window is not None:
+                n *= _widest_slab(window, np_.letters[ch], d)
+            else:
+                n *= d if ch == "." or d != np_.sizes.get(ch) else max(np_.letters[ch])
+        totals[side] += n
+    return totals[0], totals[1]
+
+
+def _widest_slab(window, chunks: tuple[int, ...], size: int) -> int:
+    """The longest input slab (clipped to ``size``) a halo read takes over the tiles."""
+    widest, lo = 0, 0
+    for c in chunks:
+        start, stop = window(lo, lo + c)
+        widest = max(widest, min(stop, size) - max(start, 0))
+        lo += c
+    return max(widest, 1)

@@ -1,0 +1,364 @@
+"""Clusters: the embedded LocalCluster dfdl starts when no client is given.
+
+The embedded cluster is one worker process with one thread per core: tiles never cross
+a process boundary (no pickling, no transfers; two single-threaded worker processes
+measured 2 s of transfers per 6 ResNet steps here), BLAS and numba run one thread per
+task (parallelism comes from tiles; the numba kernels release the GIL) and the
+scheduler's queuing is off (``worker-saturation: inf``), which measured 4x lower
+per-task overhead here. Message batching is shortened (:mod:`dfdl.runtime.latency`).
+
+Example:
+    >>> with connect(None) as client:  # doctest: +SKIP
+    ...     client.nthreads()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+from collections.abc import Iterator
+
+import dask
+
+#: dask settings dfdl's embedded cluster runs with. Dask's default
+#: ``MALLOC_TRIM_THRESHOLD_=65536`` also switches off glibc's adaptive mmap threshold, so
+#: every temporary array over 128 KiB is a fresh mmap with page faults on first touch:
+#: kernels ran 1.7x slower (measured on the conv kernels). Arrays under 32 MiB come from
+#: the heap instead, and free heap memory over 128 MiB still goes back to the system.
+#: One malloc arena (``MALLOC_ARENA_MAX=1``): glibc gives every worker thread its own
+#: arena of 64 MiB heaps and unmaps a heap as soon as it is empty, so a 16 MiB tile freed
+#: by one task and allocated by the next faulted its pages in afresh (the transformer's
+#: worker: 92,000 page faults per step). With one arena, 21,000; steps 2.36, 2.20,
+#: 2.18 -> 2.14, 2.12, 2.13 s (alternating fresh clusters); the MLP's within noise.
+DASK_CONFIG = {
+    "distributed.scheduler.worker-saturation": float("inf"),
+    "distributed.worker.daemon": False,
+    "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 128 * 2**20,
+    "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 32 * 2**20,
+    "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1,
+}
+
+#: the worker preload of dfdl's clusters (:mod:`dfdl.runtime.worker_setup`)
+WORKER_PRELOAD = "dfdl.runtime.worker_setup"
+
+#: share of a worker's memory limit that glibc may keep as free heap (not returned to the
+#: system): 128 MiB of retained heap is nothing for a worker of many GiB, but it doubled
+#: the resident memory of 128 MiB workers in the beyond-memory benchmark
+MALLOC_KEEP_FRACTION = 1 / 8
+
+
+def malloc_config(memory_limit) -> dict:
+    """``DASK_CONFIG``'s glibc thresholds scaled down for a small worker ``memory_limit``
+    (bytes or a string; other values keep them): free heap kept at most
+    ``MALLOC_KEEP_FRACTION`` of the limit, heap (not mmap) allocations up to a quarter
+    of that."""
+    from dask.utils import parse_bytes
+
+    try:
+        limit = parse_bytes(memory_limit) if isinstance(memory_limit, str) else memory_limit
+    except ValueError:
+        return {}
+    if not isinstance(limit, int) or limit <= 1:  # "auto", 0 (no limit), a fraction
+        return {}
+    key = "distributed.nanny.pre-spawn-environ."
+    trim = min(DASK_CONFIG[key + "MALLOC_TRIM_THRESHOLD_"], int(limit * MALLOC_KEEP_FRACTION))
+    mmap = min(DASK_CONFIG[key + "MALLOC_MMAP_THRESHOLD_"], max(128 * 2**10, trim // 4))
+    return {key + "MALLOC_TRIM_THRESHOLD_": trim, key + "MALLOC_MMAP_THRESHOLD_": mmap}
+
+
+def pause_at_spill() -> dict:
+    """Dask config that pauses a worker at its spill threshold (when both are on; Dask's
+    default pause is 0.8, the spill line 0.7).
+
+    A paused worker starts no task. The planner sizes tasks to start below the pause
+    line and end under :data:`dfdl.plan.estimate.HEADROOM` of the limit
+    (:func:`dfdl.plan.estimate.task_budget`): at Dask's 0.8 that leaves a tenth of the
+    limit per task, at the spill line a fifth. (Measured on a 3-D U-Net at 1 GiB, before
+    this: a task started at 79% took its worker to 96%, where the nanny restarted it.)
+
+    Example:
+        >>> with dask.config.set({"distributed.worker.memory.spill": 0.7,
+        ...                       "distributed.worker.memory.pause": 0.8}):
+        ...     pause_at_spill()
+        {'distributed.worker.memory.pause': 0.7}
+    """
+    spill = dask.config.get("distributed.worker.memory.spill", False)
+    pause = dask.config.get("distributed.worker.memory.pause", False)
+    if spill and pause and pause > spill:
+        return {"distributed.worker.memory.pause": spill}
+    return {}
+
+
+#: Dask's worker memory thresholds (``distributed.worker.memory.<name>``)
+THRESHOLDS = ("target", "spill", "pause", "terminate")
+
+
+def _thresholds(dask_worker) -> dict:
+    manager = dask_worker.memory_manager
+    return {k: getattr(manager, f"memory_{k}_fraction", None) for k in THRESHOLDS}
+
+
+def worker_memory_config(client=None) -> dict:
+    """Dask config entries with the memory thresholds the workers apply, for planning
+    tiles on this side: those of ``client``'s workers (the highest of each, so the most
+    cautious; a nanny's restart threshold included), else those of the embedded cluster
+    (this process's config and :func:`pause_at_spill`).
+
+    Example:
+        >>> with dask.config.set(worker_memory_config(client)):  # doctest: +SKIP
+        ...     tg, plan = plan_training(tg, memory_limit=worker_memory_limit(client))
+    """
+    if client is None:
+        return pause_at_spill()
+    found: list[dict] = []
+    for nanny in (False, True):
+        try:
+            found += list(client.run(_thresholds, nanny=nanny).values())
+        except Exception:  # noqa: BLE001 - no workers yet, or workers without nannies
+            pass
+    config = {}
+    for k in THRESHOLDS:
+        values = [v[k] for v in found if v.get(k) is not None]
+        if values:
+            on = [float(v) for v in values if v]
+            config[f"distributed.worker.memory.{k}"] = max(on) if on else False
+    return config
+
+
+def default_workers() -> int:
+    """The usable cores: worker threads of the embedded cluster."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def local_cluster(n_workers: int | None = None, **kwargs):
+    """Start a ``distributed.LocalCluster`` with dfdl's settings (``dfdl.LocalCluster``).
+
+    The embedded cluster of :func:`dfdl.train` is ``local_cluster()``. Every worker has
+    a memory limit (dask's default ``"auto"``: this machine's memory shared among the
+    worker processes) and spills tiles to its local directory beyond it; dfdl plans
+    tiles so that every task fits in a quarter of the limit
+    (:data:`dfdl.plan.tiling.TASK_MEMORY_FRACTION`).
+
+    Args:
+        n_workers: worker processes. Default: one process with a thread per core. With
+            ``n_workers`` given, each process has one thread unless
+            ``threads_per_worker`` says otherwise.
+        **kwargs: passed to ``distributed.LocalCluster``: ``memory_limit`` (bytes, or
+            a string like ``"2GiB"``, per worker process), ``local_directory`` (where
+            workers spill), ``threads_per_worker``, ``dashboard_address`` (default
+            None: no dashboard; with one, it has dfdl's page, see
+            :mod:`dfdl.runtime.dashboard`), ``security``...
+
+    Example:
+        >>> cluster = dfdl.LocalCluster(2, memory_limit="1GiB",  # doctest: +SKIP
+        ...                             local_directory="/scratch/me")
+    """
+    if n_workers is None:
+        n_workers = 1
+        kwargs.setdefault("threads_per_worker", default_workers())
+    kwargs.setdefault("threads_per_worker", 1)
+    kwargs.setdefault("processes", True)
+    kwargs.setdefault("dashboard_address", None)
+    from distributed import Client
+
+    from dfdl.runtime import latency
+
+    if kwargs["dashboard_address"] is not None:
+        import dfdl.runtime.dashboard  # noqa: F401 - adds the dfdl page before the scheduler starts
+
+    # every worker, restarted ones too, runs dfdl's worker setup (worker_setup.py)
+    preload = [*(dask.config.get("distributed.worker.preload", None) or []), WORKER_PRELOAD]
+    config = {**DASK_CONFIG, **malloc_config(kwargs.get("memory_limit")), **pause_at_spill()}
+    with dask.config.set({**config, "distributed.worker.preload": list(dict.fromkeys(preload))}):
+        cluster = _restart_safe_local_cluster()(n_workers=n_workers, **kwargs)
+    try:
+        with Client(cluster) as client:
+            latency.install(client)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+@functools.cache
+def _restart_safe_local_cluster():
+    """``distributed.LocalCluster`` whose workers stay in ``cluster.workers`` across
+    nanny restarts.
+
+    SpecCluster drops a worker's nanny when, ``distributed.deploy.lost-worker-timeout``
+    (15 s) after the worker left, no worker of that name is registered. The timer does
+    not know about restarts in between: a worker killed, restarted, and killed again
+    just before an earlier timer fires (while its nanny restarts it, about 1.5 s here)
+    lost its nanny for good, and the cluster stayed one worker short (measured: about
+    one in 20 SIGKILLs 6-10 s apart). Here the timer only drops the nanny when no worker
+    of that name registered since it left.
+    """
+    import asyncio
+
+    from dask.utils import parse_timedelta
+    from distributed import LocalCluster
+    from distributed.deploy.cluster import Cluster
+
+    class RestartSafeLocalCluster(LocalCluster):
+        def _update_worker_status(self, op, msg):
+            registered = self.__dict__.setdefault("_dfdl_registered", {})
+            if op == "add":
+                for info in msg.get("workers", {}).values():
+                    registered[info.get("name")] = registered.get(info.get("name"), 0) + 1
+            elif op == "remove":
+                name = self.scheduler_info["workers"][msg]["name"]
+                seen = registered.get(name, 0)
+
+                def drop_if_still_lost():
+                    names = {d["name"] for d in self.scheduler_info["workers"].values()}
+                    back = registered.get(name, 0) != seen or name in names
+                    if name in self.workers and not back:
+                        self._futures.add(asyncio.ensure_future(self.workers[name].close()))
+                        del self.workers[name]
+
+                delay = parse_timedelta(dask.config.get("distributed.deploy.lost-worker-timeout"))
+                asyncio.get_running_loop().call_later(delay, drop_if_still_lost)
+            Cluster._update_worker_status(self, op, msg)  # not SpecCluster's own timer
+
+    return RestartSafeLocalCluster
+
+
+def parse_memory(value, name: str = "memory_limit") -> int | None:
+    """Bytes from an int or a string like ``"1.5 GiB"``; None or 0 stays None (no limit).
+
+    Example:
+        >>> parse_memory("1 KiB")
+        1024
+    """
+    from dask.utils import parse_bytes
+
+    from dfdl.errors import ConfigError
+
+    if value is None or (isinstance(value, int | float) and value == 0):
+        return None
+    try:
+        n = int(parse_bytes(value)) if isinstance(value, str) else int(value)
+    except (ValueError, TypeError):
+        n = -1
+    if n <= 0:
+        raise ConfigError(
+            f"{name} must be a positive byte count like 2**30 or '1GiB', not {value!r}"
+        )
+    return n
+
+
+def worker_memory_limit(client) -> int | None:
+    """The smallest memory limit among the client's workers (None: none has a limit)."""
+    limits = [int(w.get("memory_limit") or 0) for w in client.scheduler_info()["workers"].values()]
+    limits = [v for v in limits if v > 0]
+    return min(limits) if limits else None
+
+
+#: share of the workers' memory limits that one scatter or gather of weight tiles may
+#: move at once. A single message carrying every tile lands in the receiving worker's
+#: unmanaged memory before Dask can spill any of it (measured: 2 workers x 512 MiB, one
+#: killed at 95% while 0.9 GB of weights and momentum were scattered in one call).
+TRANSFER_FRACTION = 0.1
+
+
+def transfer_budget(client) -> int | None:
+    """Bytes one scatter/gather may move: ``TRANSFER_FRACTION`` of the workers' limits
+    together (None when no worker has a limit)."""
+    limits = [int(w.get("memory_limit") or 0) for w in client.scheduler_info()["workers"].values()]
+    if not limits or min(limits) <= 0:
+        return None
+    return max(1, int(TRANSFER_FRACTION * sum(limits)))
+
+
+def byte_batches(sizes: list[int], budget: int | None) -> list[range]:
+    """Consecutive index ranges whose sizes sum to at most ``budget`` (an item larger than
+    the budget travels alone); one range for everything when ``budget`` is None.
+
+    Example:
+        >>> byte_batches([4, 4, 4, 9, 1], 8)
+        [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
+    """
+    if budget is None or not sizes:
+        return [range(len(sizes))]
+    out, start, total = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and total + n > budget:
+            out.append(range(start, i))
+            start, total = i, 0
+        total += n
+    out.append(range(start, len(sizes)))
+    return out
+
+
+def embedded_memory_limit() -> int:
+    """The memory limit of the embedded cluster's one worker: this machine's memory
+    (or the cgroup's limit), as dask's ``memory_limit="auto"`` gives it."""
+    from distributed.system import MEMORY_LIMIT
+
+    return int(MEMORY_LIMIT)
+
+
+@contextlib.contextmanager
+def connect(client=None) -> Iterator:
+    """Yield ``client`` unchanged, or an embedded cluster's client, shut down on exit."""
+    if client is not None:
+        yield client
+        return
+    from distributed import Client
+
+    with local_cluster() as cluster, Client(cluster) as c:
+        yield c
+
+
+def open_client(address: str, security=None, timeout: float = 30.0):
+    """A ``distributed.Client`` for the scheduler at ``address``, or a ConfigError that
+    says why not (unreachable, or TLS credentials missing or not trusted).
+
+    Args:
+        address: the scheduler, e.g. ``"tcp://node1:8786"`` or ``"tls://node1:8786"``.
+        security: a ``distributed.security.Security``; default: dask's
+            ``distributed.comm.tls`` config (also set by ``DASK_DISTRIBUTED__COMM__TLS__*``
+            environment variables).
+        timeout: seconds to wait for the connection.
+
+    Example:
+        >>> from distributed.security import Security
+        >>> client = open_client("tls://node1:8786", Security(  # doctest: +SKIP
+        ...     tls_ca_file="ca.pem", tls_client_cert="me.pem", tls_client_key="me.key",
+        ...     require_encryption=True))
+    """
+    from distributed import Client
+
+    from dfdl.errors import ConfigError
+
+    tls = str(address).startswith("tls://")
+    hint = (
+        " Give the cluster's CA and a client certificate and key (dfdl train --tls-ca-file, "
+        "--tls-cert, --tls-key, or dask's distributed.comm.tls config)."
+        if tls
+        else " Check the address, and that the scheduler is running and reachable from here."
+    )
+    try:
+        return Client(address, security=security, timeout=timeout)
+    except (OSError, TypeError, ValueError) as e:
+        detail = " ".join(str(e).split()) or type(e).__name__
+        if tls and isinstance(e, TypeError):  # distributed's words for "no TLS context"
+            detail = "no TLS credentials were given"
+    # raised outside the except block, with no link to the connection error: its traceback
+    # holds the half-started Client, whose __del__ deadlocks if it runs later, inside
+    # the start of another Client
+    gc.collect()
+    raise ConfigError(f"cannot connect to the scheduler at {address}: {detail}.{hint}")
+
+
+def total_threads(client) -> int:
+    """Worker threads of the client's cluster (at least 1)."""
+    try:
+        return max(1, sum(client.nthreads().values()))
+    except Exception:
+        return 1

@@ -1,0 +1,89 @@
+"""Run a plan on a Dask cluster: ship input tiles, submit the graph, gather outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+from dask.task_spec import DataNode, TaskRef
+
+from dfdl.errors import DfdlError
+from dfdl.plan.tiling import Plan
+from dfdl.runtime import submit
+from dfdl.taskgraph.lower import lower, new_token, split_tiles, task_name, tile_regions
+from dfdl.taskgraph.tile_exec import TileError
+
+#: tiles larger than this are scattered to the workers instead of embedded in the graph
+SCATTER_BYTES = 1 * 2**20
+
+
+def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int, token: str):
+    """Data tasks (small tiles) or scattered futures (large ones) for every source."""
+    graph = plan.graph
+    read = {i for n in plan.graph.nodes for i in n.inputs if i}
+    dsk, sources, keep = {}, {}, []
+    names = [n for n in graph.inputs if n in read] + [n for n in graph.initializers if n in read]
+    big = {}
+    for name in names:
+        value = feeds[name] if name in feeds else graph.initializers[name]
+        tiles = split_tiles(np.asarray(value), plan.chunks[name])
+        kind = "input" if name in feeds else "param"
+        refs = {}
+        for idx, tile in tiles.items():
+            key = (task_name(f"{name}-{kind}", token), step, *idx)
+            if tile.nbytes > SCATTER_BYTES:
+                big[key] = tile
+                refs[idx] = key
+            else:
+                dsk[key] = DataNode(key, tile)
+                refs[idx] = TaskRef(key)
+        sources[name] = refs
+    if big:
+        futures = client.scatter(big, hash=False)
+        keep.extend(futures.values())
+        for refs in sources.values():
+            for idx, r in refs.items():
+                if not isinstance(r, TaskRef):
+                    refs[idx] = futures[r]
+    return dsk, sources, keep
+
+
+def execute(plan: Plan, feeds: dict[str, np.ndarray], client, *, step: int = 0) -> dict:
+    """Run one forward pass of ``plan`` on ``client``'s cluster; numpy outputs by name.
+
+    Raises:
+        DfdlError: a task failed; the message names the node, op and tile.
+    """
+    graph = plan.graph
+    token = new_token()
+    dsk, sources, keep = _source_tiles(plan, feeds, client, step, token)
+    tasks, outputs = lower(plan, sources, step=step, token=token)
+    dsk.update(tasks)
+    want = sorted(
+        {ref for tiles in outputs.values() for ref, _ in tiles.values() if isinstance(ref, tuple)},
+        key=str,
+    )
+    values = {}
+    if want:
+        try:
+            got = submit.get(client, dsk, want, sync=True)
+        except TileError:
+            raise
+        except DfdlError:
+            raise
+        values = dict(zip(want, got))
+    del keep
+    result = {}
+    for name in graph.outputs:
+        t = graph.types[name]
+        if name in graph.initializers:
+            result[name] = np.asarray(graph.initializers[name])
+            continue
+        if name in feeds:
+            result[name] = np.asarray(feeds[name])
+            continue
+        out = np.empty(t.shape, dtype=t.dtype)
+        regions = tile_regions(plan.chunks[name])
+        for idx, (ref, pos) in outputs[name].items():
+            v = values[ref]
+            out[regions[idx]] = v if pos is None else v[pos]
+        result[name] = out
+    return result

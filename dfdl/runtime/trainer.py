@@ -1,0 +1,612 @@
+"""The training loop: weights and optimizer state live on the cluster between steps.
+
+Each submission unrolls ``unroll`` steps into one task graph: step ``k+1`` reads step
+``k``'s new parameters by task reference, the batch tiles travel inside the graph, and
+the submission asks only for the last step's carried values (as Futures, which stay on
+the workers) and every step's loss. The next submission is made before the previous
+one finishes, so the scheduler overlaps them; losses are gathered a submission late,
+in bulk, never with a round trip per step.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from dask.task_spec import DataNode, Task, TaskRef
+
+from dfdl.data.sources import FileRows, read_rows
+from dfdl.errors import TrainingError
+from dfdl.ops import lookup
+from dfdl.plan.estimate import DASK_TARGET
+from dfdl.plan.tiling import TASK_MEMORY_FRACTION, Plan
+from dfdl.runtime import submit
+from dfdl.runtime.cluster import byte_batches, transfer_budget
+from dfdl.taskgraph import gang, step_tasks
+from dfdl.taskgraph.fuse import LIGHT_BYTES, TINY_BYTES, fuse_into_consumers, inline_data
+from dfdl.taskgraph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
+from dfdl.taskgraph.pack import pack_bodies
+from dfdl.training.graph import TrainingGraph
+
+#: batch tiles above this size are scattered rather than embedded in the graph
+EMBED_BYTES = 4 * 2**20
+#: whether embedded data runs inside the tasks that read it (:func:`inline_data`)
+INLINE_DATA = True
+#: whether large task bodies are pickled once here, not at every dispatch (graph.pack)
+PACK = True
+
+
+@dataclass
+class StepPlan:
+    """A training graph and its tiling, for one batch size."""
+
+    tg: TrainingGraph
+    plan: Plan
+    fuse: bool = False  # fuse single-consumer tasks (dfdl.taskgraph.fuse) when submitting
+
+
+@dataclass
+class ClusterState:
+    """Where the carried tensors (params, optimizer state, buffers) live now.
+
+    ``refs[name]`` maps tile index to a Future (or :class:`Picked` Future);
+    ``chunks[name]`` is the chunking of those tiles.
+    """
+
+    refs: dict[str, dict[tuple[int, ...], Any]]
+    chunks: dict[str, tuple]
+    keep: list = field(default_factory=list)
+
+    @classmethod
+    def scatter(cls, client, values: Mapping[str, np.ndarray], chunks: Mapping[str, tuple]):
+        data, where = {}, {}
+        token = new_token()
+        for name, v in values.items():
+            for idx, tile in split_tiles(np.asarray(v), chunks[name]).items():
+                key = (task_name(f"{name}-init", token), *idx)
+                data[key] = tile
+                where[(name, idx)] = key
+        # in batches a share of the workers' memory: each batch can be spilled before the next
+        keys = list(data)
+        futures = {}
+        for part in byte_batches([data[k].nbytes for k in keys], transfer_budget(client)):
+            if len(part):
+                try:
+                    batch = {keys[i]: data[keys[i]] for i in part}
+                    futures.update(client.scatter(batch, hash=False))
+                except TimeoutError:  # the scheduler found no running worker to take them
+                    workers = client.scheduler_info()["workers"]
+                    paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
+                    if paused and len(paused) == len(workers):
+                        raise paused_error(paused, "while the weights were sent") from None
+                    raise
+        refs: dict[str, dict] = {n: {} for n in values}
+        for (name, idx), key in where.items():
+            refs[name][idx] = futures[key]
+        return cls(refs, {n: chunks[n] for n in values}, list(futures.values()))
+
+    def gather(self, client, types) -> dict[str, np.ndarray]:
+        """The carried tensors as numpy arrays, gathered in batches of a share of the
+        workers' memory (a worker reads spilled tiles back to send them)."""
+        flat = [(n, idx, r) for n, tiles in self.refs.items() for idx, r in tiles.items()]
+        regions = {n: tile_regions(self.chunks[n]) for n in self.refs}
+        sizes = [
+            types[n].dtype.itemsize * math.prod(s.stop - s.start for s in regions[n][idx])
+            for n, idx, _ in flat
+        ]
+        out = {}
+        for part in byte_batches(sizes, transfer_budget(client)):
+            batch = [flat[i] for i in part]
+            got = client.gather([r.ref if isinstance(r, Picked) else r for _, _, r in batch])
+            for (name, idx, r), v in zip(batch, got):
+                if name not in out:
+                    out[name] = np.empty(types[name].shape, dtype=types[name].dtype)
+                out[name][regions[name][idx]] = v[r.pos] if isinstance(r, Picked) else v
+        return out
+
+
+def _batch_sources(plan: Plan, arrays: Mapping[str, Any], step: int, client, dsk, keep, token: str):
+    """Batch tiles: embedded data, scattered data, or tasks reading rows on a worker."""
+    sources = {}
+    big = {}
+    for name, value in arrays.items():
+        refs = {}
+        base = task_name(f"{name}-input", token)
+        if isinstance(value, FileRows):
+            for idx, region in tile_regions(plan.chunks[name]).items():
+                key = (base, step, *idx)
+                rows = value.indices[region[0]] if region else value.indices
+                dsk[key] = Task(key, read_rows, value.path, value.kind, rows, region[1:])
+                refs[idx] = TaskRef(key)
+            sources[name] = refs
+            continue
+        for idx, tile in split_tiles(value, plan.chunks[name]).items():
+            key = (base, step, *idx)
+            if tile.nbytes > EMBED_BYTES:
+                big[key] = tile
+            else:
+                dsk[key] = DataNode(key, tile)
+            refs[idx] = TaskRef(key)
+        sources[name] = refs
+    if big:
+        futures = client.scatter(big, hash=False)
+        keep.extend(futures.values())
+        for refs in sources.values():
+            for idx, r in refs.items():
+                if r.key in futures:
+                    refs[idx] = futures[r.key]
+    return sources
+
+
+@dataclass
+class StepInput:
+    """Everything one step needs from the host."""
+
+    step: int
+    arrays: dict[str, Any]  # batch data and labels: numpy arrays or FileRows
+    scalars: dict[str, float]
+
+
+def run_steps(
+    client,
+    plans: Callable[[int], StepPlan],
+    steps: list[StepInput],
+    state: ClusterState,
+    constants: Constants,
+    *,
+    seed: int,
+    token: str,
+    timings: dict[str, float] | None = None,
+) -> tuple[ClusterState, list[tuple[int, Any]]]:
+    """Submit ``steps`` as one graph; returns the new state and (step, loss future) pairs.
+
+    ``timings`` (if given) accumulates seconds spent building the graph (``graph_s``)
+    and handing it to the scheduler (``submit_s``) on the client.
+    """
+    t0 = time.perf_counter()
+    dsk: dict = {}
+    keep: list = []
+    refs = dict(state.refs)
+    chunks = dict(state.chunks)
+    loss_keys: list[tuple[int, Any]] = []
+    used: dict[int, StepPlan] = {}
+    for s in steps:
+        sp = plans(len(next(iter(s.arrays.values()))))
+        used[id(sp)] = sp
+        tg, plan = sp.tg, sp.plan
+        sources = _batch_sources(plan, s.arrays, s.step, client, dsk, keep, token)
+        for name, value in s.scalars.items():
+            if name not in plan.chunks:  # read by no node (Adam gets lr via step_size)
+                continue
+            key = (task_name(f"{name}-input", token), s.step)
+            dsk[key] = DataNode(key, np.asarray(value, dtype=np.float32))
+            sources[name] = {(): TaskRef(key)}
+        for name in tg.carried():
+            sources[name] = _rechunked(
+                refs[name],
+                chunks[name],
+                plan.chunks[name],
+                task_name(f"{name}-rechunk", token),
+                dsk,
+                s.step,
+            )
+        for name in _read_constants(plan):
+            sources[name] = constants.tiles(
+                name, plan.graph.initializers[name], plan.chunks[name], dsk
+            )
+        tasks, outs = lower(plan, sources, step=s.step, attrs=tg.seeds(seed, s.step), token=token)
+        dsk.update(tasks)
+        for name in tg.carried():
+            new = tg.new[name]
+            refs[name] = {
+                idx: TaskRef(key) if pos is None else Picked(TaskRef(key), pos)
+                for idx, (key, pos) in outs[new].items()
+            }
+            chunks[name] = plan.chunks[new]
+        ((_, (lkey, lpos)),) = outs[tg.loss].items()
+        loss_keys.append((s.step, (lkey, lpos)))
+    wanted = sorted(
+        {_key(r) for tiles in refs.values() for r in tiles.values()}
+        | {k for _, (k, _) in loss_keys},
+        key=str,
+    )
+    if all(sp.fuse for sp in used.values()):
+        # one worker process: tiles never move (one round trip to the scheduler asks)
+        nthreads = list(client.nthreads().values())
+        one_worker = len(nthreads) == 1
+        dsk = fuse_into_consumers(
+            dsk,
+            keep=wanted,
+            stays=_contractions(used.values(), token),
+            light=_light(used.values(), token),
+            small=_small_contractions(used.values(), token),
+            # one worker process only: elsewhere each reader would fetch every tile's
+            # packed output (activation and partial) instead of one merge fetching them
+            tiny=_tiny_outputs(used.values(), token) if one_worker else None,
+        )
+        # one process only: a step's task, or a gang, pulls all its inputs to one worker
+        grouped = (
+            step_tasks.group_steps(
+                dsk,
+                keep=wanted,
+                name=lambda s: (task_name(step_tasks.STEP_NAME, token), s),
+                weight=_task_memory(used.values(), token),
+                budget=_step_budget(used.values()),
+            )
+            if step_tasks.STEP_TASKS and one_worker
+            else None
+        )
+        if grouped is not None:
+            dsk = grouped
+        elif gang.GANG and one_worker:
+            (threads,) = nthreads
+            dsk = gang.gang_siblings(
+                dsk,
+                keep=wanted,
+                width=threads,
+                fits=_gang_fits(used.values(), token),
+                joins=_tiny_outputs(used.values(), token),
+                weight=_task_memory(used.values(), token),
+                budget=_chain_budget(used.values(), threads),
+            )
+    if INLINE_DATA:
+        dsk = inline_data(dsk, keep=wanted)
+    if PACK:
+        dsk = pack_bodies(dsk)
+    t1 = time.perf_counter()
+    futures = dict(zip(wanted, submit.get(client, dsk, wanted, sync=False)))
+    if timings is not None:
+        timings["graph_s"] = timings.get("graph_s", 0.0) + t1 - t0
+        timings["submit_s"] = timings.get("submit_s", 0.0) + time.perf_counter() - t1
+    new_refs = {
+        name: {idx: _as_future(r, futures) for idx, r in tiles.items()}
+        for name, tiles in refs.items()
+    }
+    losses = [(step, (futures[k], pos)) for step, (k, pos) in loss_keys]
+    return ClusterState(new_refs, chunks, keep), losses
+
+
+def _node_tasks(step_plans, token: str, pick: Callable) -> Callable:
+    """Whether a task key is a tile task (or partial) of a node for which
+    ``pick(op, node, plan)`` holds."""
+    names = set()
+    for sp in step_plans:
+        for n in sp.plan.graph.nodes:
+            op = lookup(n.op_type, n.domain)
+            if op is not None and pick(op, n, sp.plan):
+                base = f"{n.name}-{n.phase}"
+                names |= {task_name(base, token), task_name(f"{base}-partial", token)}
+    return lambda key: isinstance(key, tuple) and key[0] in names
+
+
+def _contractions(step_plans, token: str) -> Callable:
+    """Whether a task key is a contraction's tile task (never fused, dfdl.taskgraph.fuse)."""
+    return _node_tasks(step_plans, token, lambda op, n, plan: op.contraction)
+
+
+def _within_light_bytes(n, plan) -> bool:
+    """Whether node ``n``'s largest tile task reads and writes at most ``LIGHT_BYTES``."""
+    return plan.task_bytes.get(n.name, LIGHT_BYTES + 1) <= LIGHT_BYTES
+
+
+def _small_contractions(step_plans, token: str) -> Callable:
+    """Whether a task key is a contraction's tile task whose tile reads and writes at
+    most ``LIGHT_BYTES``: it may run inside a light consumer (:mod:`dfdl.taskgraph.fuse`)."""
+    return _node_tasks(
+        step_plans, token, lambda op, n, plan: op.contraction and _within_light_bytes(n, plan)
+    )
+
+
+def _light(step_plans, token: str) -> Callable:
+    """Whether a task key is a light tile task: not a contraction, and its node's largest
+    tile reads and writes at most ``LIGHT_BYTES`` (:mod:`dfdl.taskgraph.fuse`)."""
+    return _node_tasks(
+        step_plans, token, lambda op, n, plan: not op.contraction and _within_light_bytes(n, plan)
+    )
+
+
+def _gang_fits(step_plans, token: str) -> Callable:
+    """Whether a task key is a tile task whose node's tiles read and write at most
+    ``LIGHT_BYTES``: it may run in a gang (:mod:`dfdl.taskgraph.gang`)."""
+    return _node_tasks(step_plans, token, lambda op, n, plan: _within_light_bytes(n, plan))
+
+
+def _task_memory(step_plans, token: str) -> Callable:
+    """Bytes a task uses (its node's largest tile task, ``Plan.task_memory``)."""
+    sizes: dict = {}
+    for sp in step_plans:
+        for n in sp.plan.graph.nodes:
+            b = sp.plan.task_memory.get(n.name, 0)
+            base = f"{n.name}-{n.phase}"
+            for name in (task_name(base, token), task_name(f"{base}-partial", token)):
+                sizes[name] = max(sizes.get(name, 0), b)
+    return lambda key: sizes.get(key[0], 0) if isinstance(key, tuple) else 0
+
+
+def _memory_limit(step_plans) -> int | None:
+    """The smallest worker memory limit the plans were made for (None: no limit)."""
+    return min((sp.plan.memory_limit for sp in step_plans if sp.plan.memory_limit), default=None)
+
+
+def _chain_budget(step_plans, threads: int) -> int | None:
+    """The most bytes the tasks of one chain of gangs may use (:mod:`dfdl.taskgraph.gang`):
+    what the planner grants the tasks running at once on one worker's threads."""
+    limit = _memory_limit(step_plans)
+    return None if limit is None else int(limit * TASK_MEMORY_FRACTION * threads)
+
+
+def _step_budget(step_plans) -> int | None:
+    """The most bytes the tasks of one step task may use (:mod:`dfdl.taskgraph.step_tasks`):
+    the worker's memory up to Dask's spill target, which the plan's estimate of the
+    whole step already had to fit for the trainer to fuse at all."""
+    limit = _memory_limit(step_plans)
+    return None if limit is None else int(limit * DASK_TARGET)
+
+
+def _tiny_outputs(step_plans, token: str) -> Callable:
+    """Whether a task key is a tile task of a node whose largest output tile is at most
+    ``TINY_BYTES`` (per-channel sums: :mod:`dfdl.taskgraph.fuse` runs a merge of them
+    inside its readers)."""
+    return _node_tasks(
+        step_plans,
+        token,
+        lambda op, n, plan: plan.output_bytes.get(n.name, TINY_BYTES + 1) <= TINY_BYTES,
+    )
+
+
+class Constants:
+    """Constant tensors (folded constants, frozen weights), keyed once per chunking.
+
+    Tiles up to :data:`EMBED_BYTES` travel inside every graph that reads them, under the
+    same keys each time: the scheduler keeps the tiles it has, and can rebuild one that
+    died with a worker. Larger tiles are scattered once (a lost one makes training roll
+    back, see :mod:`dfdl.runtime.recovery`).
+    """
+
+    def __init__(self, client):
+        self.client = client
+        self.token = new_token()
+        self.cache: dict[tuple, dict] = {}
+        self.embedded: dict[tuple, dict] = {}
+
+    def tiles(self, name: str, value: np.ndarray, chunks: tuple, dsk: dict) -> dict:
+        """Refs to the tiles of ``value`` in ``chunks``; adds embedded ones to ``dsk``."""
+        key = (name, tuple(chunks))
+        if key in self.cache:
+            return self.cache[key]
+        if key not in self.embedded:
+            tiles = split_tiles(np.asarray(value), chunks)
+            if max(t.nbytes for t in tiles.values()) > EMBED_BYTES:
+                self.cache[key] = ClusterState.scatter(
+                    self.client, {name: value}, {name: chunks}
+                ).refs[name]
+                return self.cache[key]
+            base = task_name(f"{name}-const-{len(self.embedded)}", self.token)
+            self.embedded[key] = {idx: DataNode((base, *idx), t) for idx, t in tiles.items()}
+        nodes = self.embedded[key]
+        for node in nodes.values():
+            dsk[node.key] = node
+        return {idx: TaskRef(node.key) for idx, node in nodes.items()}
+
+
+def _read_constants(plan: Plan) -> list[str]:
+    """Initializers that some node reads as tiles (not as whole plan-time parameters)."""
+    g = plan.graph
+    out = []
+    for np_ in plan.nodes:
+        for name, spec in zip(np_.node.inputs, np_.spec.inputs):
+            if name in g.initializers and spec is not None and name not in out:
+                out.append(name)
+    return out
+
+
+def _key(r) -> Any:
+    r = r.ref if isinstance(r, Picked) else r
+    return r.key
+
+
+def _as_future(r, futures):
+    if isinstance(r, Picked):
+        return Picked(futures[r.ref.key], r.pos)
+    return futures[r.key]
+
+
+def _rechunked(tiles, have, want, name, dsk, step):
+    """Tiles of a carried tensor in the chunking the plan wants (assembled if needed)."""
+    if tuple(have) == tuple(want):
+        return tiles
+    have_regions = tile_regions(have)
+    out = {}
+    for idx, region in tile_regions(want).items():
+        pieces, args = [], []
+        for hidx, hreg in have_regions.items():
+            inter = [(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(region, hreg)]
+            if any(lo >= hi for lo, hi in inter):
+                continue
+            ref = tiles[hidx]
+            args.append(ref.ref if isinstance(ref, Picked) else ref)
+            src = tuple(slice(lo - h.start, hi - h.start) for (lo, hi), h in zip(inter, hreg))
+            dst = tuple(slice(lo - r.start, hi - r.start) for (lo, hi), r in zip(inter, region))
+            pieces.append((len(args) - 1, ref.pos if isinstance(ref, Picked) else None, src, dst))
+        shape = tuple(r.stop - r.start for r in region)
+        key = (name, step, *idx)
+        dsk[key] = Task(key, _assemble, shape, tuple(pieces), *args)
+        out[idx] = TaskRef(key)
+    return out
+
+
+def _assemble(shape, pieces, *args):
+    first = args[pieces[0][0]] if pieces[0][1] is None else args[pieces[0][0]][pieces[0][1]]
+    out = np.empty(shape, dtype=first.dtype)
+    for k, pos, src, dst in pieces:
+        part = args[k] if pos is None else args[k][pos]
+        out[dst] = part[src]
+    return out
+
+
+def spill_totals(dask_worker) -> tuple[float, float]:
+    """(bytes written to, bytes read from) the worker's spill directory so far."""
+    metrics = getattr(dask_worker.data, "cumulative_metrics", None) or {}
+    return metrics.get(("disk-write", "bytes"), 0.0), metrics.get(("disk-read", "bytes"), 0.0)
+
+
+class SpillMeter:
+    """Bytes the workers spilled to and read back from disk since the last reading.
+
+    Readings cost a round trip to every worker, so :meth:`due` allows one per
+    ``interval`` seconds.
+    """
+
+    def __init__(self, client, interval: float = 1.0):
+        self.client = client
+        self.interval = interval
+        self.t_last = time.perf_counter()
+        self.last: dict[str, tuple[float, float]] = {}
+        self.last = self._read()
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.t_last >= self.interval
+
+    def _read(self) -> dict[str, tuple[float, float]]:
+        try:
+            return self.client.run(spill_totals)
+        except Exception:  # a worker lost mid-call: count it next time
+            return dict(self.last)
+
+    def delta(self) -> tuple[int, int]:
+        """(written, read) bytes over all workers since the previous call."""
+        now = self._read()
+        self.t_last = time.perf_counter()
+        written = sum(w - self.last.get(a, (0.0, 0.0))[0] for a, (w, _) in now.items())
+        read = sum(r - self.last.get(a, (0.0, 0.0))[1] for a, (_, r) in now.items())
+        self.last = now
+        return max(0, int(written)), max(0, int(read))
+
+
+#: seconds every worker may stay paused by Dask's memory monitor (process memory above
+#: ``distributed.worker.memory.pause`` of its limit) before training gives up: paused
+#: workers whose memory is not Dask's to spill never resume (measured: 2 workers x
+#: 512 MiB, about 200 MB of it the idle process, stalled for good at 82%)
+PAUSED_GIVE_UP_S = 120.0
+
+
+def gather_watching(client, futures, *, poll: float = 5.0, give_up: float | None = None):
+    """``client.gather(futures)``, but a :class:`TrainingError` instead of a hang when
+    every worker stays paused for memory for ``give_up`` seconds."""
+    give_up = PAUSED_GIVE_UP_S if give_up is None else give_up
+    remaining, lock, done = [len(futures)], threading.Lock(), threading.Event()
+
+    def one_done(_future) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0] <= 0:
+                done.set()
+
+    if not futures:
+        done.set()
+    for f in futures:
+        f.add_done_callback(one_done)  # called once the future is finished, erred or cancelled
+    paused_since = None
+    while True:
+        if done.wait(poll):
+            return client.gather(futures)  # raises the task's error if one failed
+        workers = client.scheduler_info()["workers"]
+        paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
+        if not workers or len(paused) < len(workers):
+            paused_since = None
+            continue
+        paused_since = paused_since or time.perf_counter()
+        if time.perf_counter() - paused_since >= give_up:
+            raise paused_error(paused, f"for {give_up:.0f} s")
+
+
+def paused_error(paused: dict, how_long: str) -> TrainingError:
+    """The error for workers that Dask's memory monitor paused and that do not resume."""
+    detail = ", ".join(
+        f"{a} at {w['metrics'].get('memory', 0) / 2**20:.0f} MiB of "
+        f"{(w.get('memory_limit') or 0) / 2**20:.0f} MiB"
+        for a, w in sorted(paused.items())
+    )
+    return TrainingError(
+        f"every worker has been paused by Dask's memory monitor {how_long} ({detail}); "
+        "training stopped instead of waiting forever. The memory above the pause threshold "
+        "is not tiles Dask can spill (the worker process itself, buffers): give the workers "
+        "larger memory limits (the idle worker process alone takes about 200 MB), or fewer, "
+        "larger workers."
+    )
+
+
+class LossCollector:
+    """Gathers loss futures in bulk, a submission late; raises on a non-finite loss.
+
+    With a :class:`SpillMeter`, each gathered step also gets the bytes spilled to and
+    read from disk: the workers' totals since the previous reading, shared evenly by
+    the steps gathered since (their tasks overlap on the cluster). Readings are taken
+    at most once a second, and always by the final ``collect(final=True)``.
+    """
+
+    def __init__(
+        self,
+        client,
+        on_loss: Callable[[int, float], None],
+        spill: SpillMeter | None = None,
+    ):
+        self.client = client
+        self.pending: list[tuple[int, Any]] = []
+        self.on_loss = on_loss
+        self.values: dict[int, float] = {}
+        self.spill = spill
+        self.spilled: dict[int, tuple[int, int]] = {}
+        self.unmetered: list[int] = []
+        self.total = [0, 0]  # bytes written, read: all readings so far
+
+    def add(self, losses: list[tuple[int, Any]]) -> None:
+        self.pending.extend(losses)
+
+    def drop_pending(self) -> None:
+        """Forget the losses not gathered yet (their steps are about to be replayed)."""
+        self.pending = []
+        self.unmetered = []
+
+    def collect(self, keep_last: int = 0, final: bool = False) -> None:
+        """Gather all pending losses except the newest ``keep_last``."""
+        n = len(self.pending) - keep_last
+        batch, self.pending = self.pending[: max(n, 0)], self.pending[max(n, 0) :]
+        got = gather_watching(self.client, [f for _, (f, _) in batch]) if batch else []
+        if self.spill is not None:
+            self.unmetered.extend(step for step, _ in batch)
+            if self.unmetered and (final or self.spill.due()):
+                written, read = self.spill.delta()
+                self.total[0] += written
+                self.total[1] += read
+                k = len(self.unmetered)
+                for step in self.unmetered:
+                    self.spilled[step] = (written // k, read // k)
+                self.unmetered = []
+        for (step, (_, pos)), v in zip(batch, got):
+            value = float(np.asarray(v if pos is None else v[pos]))
+            if not math.isfinite(value):
+                raise TrainingError(
+                    f"the loss is {value} at step {step}; training stopped. Lower the "
+                    "learning rate, enable gradient clipping (clip_norm=) or check the data "
+                    "for NaN/Inf."
+                )
+            self.values[step] = value
+            self.on_loss(step, value)
+
+
+class Throughput:
+    """Samples per second over the recent steps, for the progress bar."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.samples = 0
+
+    def add(self, n: int) -> float:
+        self.samples += n
+        return self.samples / max(time.perf_counter() - self.t0, 1e-9)

@@ -1,0 +1,256 @@
+"""One Dask task per training step on a one-process worker: the step's tile tasks run
+in dependency order on the worker's threads, with no scheduler round trip between them.
+
+On a cluster of one worker process every tile of a step already lives in that process,
+and each dependency between two of its tasks still costs a round trip through the
+scheduler. On the 2-core development machine one such hop took about 4 ms from a
+task's end to the start of its reader (measured on ResNet's chains: 0.6 ms until the
+worker notes the result, 0.9 ms to the scheduler, 0.2 ms there, 1.3-1.8 ms back to the
+worker and 1 ms until the reader's thread starts), while both threads often had
+nothing else to run; and every task cost the worker's and the scheduler's event loops
+about 3 ms of CPU, taken from the same two cores as the kernels. Gangs and chains
+(:mod:`dfdl.taskgraph.gang`) cut a ResNet step from 114 tasks to 49, and its longest chain
+of hops from 39 to 14.
+
+:func:`group_steps` goes the rest of the way: all plain tasks of a step become one
+Dask task, :func:`run_local`, which runs them on its own thread and the worker's gang
+helper threads. A tile task starts as soon as the tiles it reads are computed (no
+barrier between levels, unlike a chain's gangs), the one with the longest path of
+readers still ahead of it first, so the critical path goes first and work off it
+(weight gradients, optimizer updates) fills the gaps. A value is dropped as soon as
+its last reader in the step has run, unless a task outside the step or the caller
+reads it: those values are the task's outputs, taken by ``operator.getitem`` inside
+their readers and as tasks of their own for requested keys.
+
+Dask still schedules the steps, holds the weights between submissions and reports
+every tile task in the benchmarks' traces (:data:`dfdl.taskgraph.gang.TRACE`). Where the
+steps would form a cycle with the tasks left outside them (a step reads a value
+computed outside it from one of its own), nothing is grouped and the trainer runs
+gangs and chains instead; it does the same where a step's tasks would use more than
+``budget`` bytes together. The trainer groups steps only where it fuses at all: the
+plan's estimate of a step fits in the worker's memory without spilling.
+
+``python bench/ab.py WORKLOAD dfdl.taskgraph.step_tasks.STEP_TASKS --a False --b True
+--steps 6 --fresh`` on the 2-core development machine (A: gangs and chains; the same
+losses in both arms), seconds per step: ResNet 0.436 against 0.332 (6 rounds), U-Net
+0.733 against 0.615, transformer 1.497 against 1.106, MLP 0.612 against 0.580 (4 rounds
+each). On ResNet the Dask worker's and scheduler's CPU per step fell from 0.146 to
+0.048 s and the cores' idle time from 16% to 3% (``bench/run.py``, runs 26h and 26i).
+
+Example:
+    >>> from dask.task_spec import Alias, Task, TaskRef
+    >>> g = {("a", 0, 0): Task(("a", 0, 0), abs, -1), ("a", 0, 1): Task(("a", 0, 1), abs, -2),
+    ...      ("s", 0): Task(("s", 0), max, TaskRef(("a", 0, 0)), TaskRef(("a", 0, 1)))}
+    >>> out = group_steps(g, keep=[("s", 0)])
+    >>> sorted(map(str, out))
+    ["('a', 0, 0)", "('s', 0)"]
+    >>> out[("a", 0, 0)]({})
+    (2,)
+    >>> out[("s", 0)]({("a", 0, 0): out[("a", 0, 0)]({})})
+    2
+"""
+
+from __future__ import annotations
+
+import graphlib
+import heapq
+import operator
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
+
+from dask.task_spec import Alias, Task, TaskRef
+
+from dfdl.taskgraph import gang
+from dfdl.taskgraph.fuse import heights, structure
+from dfdl.taskgraph.tile_exec import Outputs
+
+#: whether the trainer runs each step as one task (on a cluster of one worker process)
+STEP_TASKS = True
+#: the name of the trainer's step tasks (with its token: ``key_split`` shows this)
+STEP_NAME = "train-step"
+
+
+def group_steps(
+    dsk: Mapping[Hashable, object],
+    keep: Iterable[Hashable],
+    name: Callable[[int], Hashable] | None = None,
+    weight: Callable[[Hashable], int] | None = None,
+    budget: int | None = None,
+) -> dict | None:
+    """The graph with each step's plain tasks run as one task (module docstring).
+
+    Args:
+        dsk: a Dask graph of ``dask.task_spec`` nodes with keys ``(name, step, ...)``.
+        keep: requested keys; each stays a key of the graph, taken from its step's task.
+        name: the key of step ``s``'s task (the trainer's is ``("train-step-<token>",
+            s)``, shown as ``train-step`` in the dashboard); None: the step's first
+            member in ``str`` order that is not requested.
+        weight: bytes a task uses; with ``budget``, the most bytes a step's tasks may
+            use together (a step over it is left as it is).
+        budget: see ``weight``; None: no limit.
+
+    Returns:
+        A new graph with the same requested keys and values, or None where no step can
+        run as one task (no step has two tasks within ``budget``, or the steps would
+        form a cycle with the tasks outside them). A step task's value is the tuple of
+        the values of its members that are requested or read outside it.
+
+    Example:
+        >>> group_steps({}, keep=[]) is None
+        True
+    """
+    keep = set(keep)
+    deps, readers, _, level = structure(dsk)
+    steps: dict = {}
+    for k, node in dsk.items():
+        if type(node) is Task and isinstance(k, tuple) and len(k) > 1 and type(k[1]) is int:
+            steps.setdefault(k[1], []).append(k)
+    steps = {
+        s: ms
+        for s, ms in steps.items()
+        if len(ms) > 1
+        and any(k not in keep for k in ms)
+        and (weight is None or budget is None or sum(map(weight, ms)) <= budget)
+    }
+    slot = {
+        m: name(s) if name is not None else min((k for k in ms if k not in keep), key=str)
+        for s, ms in steps.items()
+        for m in ms
+    }
+    if not slot or not _acyclic(deps, slot):
+        return None
+    out: dict = {}
+    subs: dict = {}  # reader outside a step -> {member: its value from the step's task}
+    groups: dict = {}  # step task's key -> (members by priority, exported members)
+    for ms in steps.values():
+        g = slot[ms[0]]
+        height = heights(readers, level, ms)
+        members = sorted(ms, key=lambda m: (-height[m], str(m)))
+        exports = [m for m in members if m in keep or any(slot.get(r) != g for r in readers[m])]
+        for i, m in enumerate(exports):
+            value = Task(m, operator.getitem, TaskRef(g), i)
+            if m in keep:
+                out[m] = value
+            for r in readers[m]:
+                if slot.get(r) != g:
+                    subs.setdefault(r, {})[m] = value
+        groups[g] = (members, exports)
+    nodes = {k: _substituted(k, v, subs[k]) if k in subs else v for k, v in dsk.items()}
+    out.update((k, node) for k, node in nodes.items() if k not in slot)
+    for g, (members, exports) in groups.items():
+        index = {m: i for i, m in enumerate(members)}
+        tasks = tuple(nodes[m] for m in members)
+        # after the substitution: values of other steps come from their steps' tasks
+        outside = tuple(sorted({d for t in tasks for d in t.dependencies} - set(index), key=str))
+        out[g] = Task(
+            g,
+            run_local,
+            tasks,
+            tuple(tuple(index[d] for d in deps[m] if d in index) for m in members),
+            tuple(index[m] for m in exports),
+            outside,
+            *(TaskRef(d) for d in outside),
+            _data_producer=any(t.data_producer for t in tasks),
+        )
+    return out
+
+
+def _substituted(key, node, subs: dict):
+    """``node``, which reads members of a step, reading their values from the step's
+    task instead: an alias of a member becomes the task that takes that value."""
+    if isinstance(node, Alias):
+        return Task(key, operator.getitem, *subs[node.target].args)
+    return node.substitute(subs)
+
+
+def _acyclic(deps: Mapping, slot: Mapping) -> bool:
+    """Whether the graph stays acyclic with each step's members taken as one node."""
+    quotient: dict = {}
+    for k, ds in deps.items():
+        node = slot.get(k, k)
+        quotient.setdefault(node, set()).update(slot.get(d, d) for d in ds)
+        quotient[node].discard(node)
+    try:
+        graphlib.TopologicalSorter(quotient).prepare()
+    except graphlib.CycleError:
+        return False
+    return True
+
+
+def run_local(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values) -> Outputs:
+    """Runs a step's tasks in dependency order on this thread and the worker's gang
+    helpers; returns the values of ``tasks[i]`` for ``i`` in ``exports``.
+
+    ``tasks`` come in priority order (the longest path ahead first) and ``deps[i]``
+    holds the indices of the tasks that ``tasks[i]`` reads. A task's exception stops
+    the claiming of new tasks and is raised here, on the Dask task's own thread, once
+    the tasks already running have finished.
+
+    Example:
+        >>> from dask.task_spec import Task, TaskRef
+        >>> run_local((Task("b", abs, TaskRef("a")), Task("a", min, TaskRef("x"), 0)),
+        ...           ((1,), ()), (0,), ("x",), -5)
+        (5,)
+    """
+    n = len(tasks)
+    cache = dict(zip(outside, values, strict=True))
+    waiting = [len(d) for d in deps]
+    readers: list = [[] for _ in range(n)]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            readers[d].append(i)
+    left = [len(r) for r in readers]
+    kept = set(exports)
+    ready = [i for i in range(n) if not waiting[i]]
+    heapq.heapify(ready)
+    state = {"todo": n, "running": 0, "error": None}
+    cond = threading.Condition()
+
+    def work() -> None:
+        while True:
+            with cond:
+                while not ready and state["todo"] and state["error"] is None:
+                    cond.wait()
+                if not ready or state["error"] is not None:
+                    return
+                i = heapq.heappop(ready)
+                state["running"] += 1
+            task = tasks[i]
+            start = time.time()
+            try:
+                value = task(cache)
+            except BaseException as e:  # raised again on the task's own thread
+                with cond:
+                    if state["error"] is None:
+                        state["error"] = e
+                    state["running"] -= 1
+                    cond.notify_all()
+                return
+            if gang.TRACE is not None:
+                gang.TRACE.append((task.key, threading.current_thread().name, start, time.time()))
+            with cond:
+                cache[task.key] = value
+                for d in deps[i]:
+                    left[d] -= 1
+                    if not left[d] and d not in kept:
+                        del cache[tasks[d].key]
+                for r in readers[i]:
+                    waiting[r] -= 1
+                    if not waiting[r]:
+                        heapq.heappush(ready, r)
+                state["todo"] -= 1
+                state["running"] -= 1
+                cond.notify_all()
+
+    pool = gang._helpers() if n > 1 else None
+    if pool is not None:
+        for _ in range(gang.HELPERS):
+            pool.submit(work)
+    work()
+    with cond:
+        while state["running"]:
+            cond.wait()
+    if state["error"] is not None:
+        raise state["error"]
+    return Outputs(cache[tasks[i].key] for i in exports)

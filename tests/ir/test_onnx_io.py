@@ -1,0 +1,247 @@
+"""ONNX in and out: path/bytes/ModelProto loading, external data, export, canonical forms."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import dfdl
+from dfdl.errors import ModelError
+from dfdl.ir.graph import Graph
+from dfdl.ir.onnx_io import from_ir, load_model, to_ir
+from dfdl.models import ZOO, example_inputs
+from tests.ir.helpers import set_location
+
+ZOO_CASES = {
+    "mlp": dict(sizes=(16, 32, 5)),
+    "resnet": dict(image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3),
+    "unet3d": dict(base=2, levels=2, volume=4),
+    "transformer": dict(vocab=20, d_model=16, heads=2, ff=32, layers=1, seq=6, num_classes=3),
+}
+
+
+def ort_run(model: onnx.ModelProto | str, feeds: dict) -> dict[str, np.ndarray]:
+    src = model if isinstance(model, str) else model.SerializeToString()
+    sess = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def assert_close(out: np.ndarray, ref: np.ndarray) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+
+
+def assert_same_ir(a: Graph, b: Graph, *, same_opset: bool = True) -> None:
+    assert (a.name, a.inputs, a.outputs) == (b.name, b.inputs, b.outputs)
+    assert a.opset == b.opset or not same_opset
+    assert a.declared == b.declared
+    assert [(n.name, n.op_type, n.inputs, n.outputs, n.domain) for n in a.nodes] == [
+        (n.name, n.op_type, n.inputs, n.outputs, n.domain) for n in b.nodes
+    ]
+    for na, nb in zip(a.nodes, b.nodes):
+        assert na.attrs.keys() == nb.attrs.keys(), na.name
+        for k in na.attrs:
+            assert np.array_equal(np.asarray(na.attrs[k]), np.asarray(nb.attrs[k])), (na.name, k)
+    assert a.initializers.keys() == b.initializers.keys()
+    for k, v in a.initializers.items():
+        w = b.initializers[k]
+        assert v.dtype == w.dtype and np.array_equal(v, w), k
+
+
+@pytest.mark.parametrize("name", ZOO_CASES)
+def test_path_bytes_and_proto_give_the_same_ir(name, tmp_path):
+    model = ZOO[name](**ZOO_CASES[name])
+    path = tmp_path / "model.onnx"
+    onnx.save_model(model, str(path))
+    from_proto = dfdl.load(model)
+    for other in (dfdl.load(path), dfdl.load(str(path)), dfdl.load(path.read_bytes())):
+        assert_same_ir(from_proto, other)
+    assert from_proto.nodes and from_proto.initializers
+    # nodes keep the file's names; unnamed nodes get f"{op_type}_{i}"
+    assert [n.name for n in from_proto.nodes] == [n.name for n in model.graph.node]
+
+
+def test_unnamed_nodes_get_unique_names():
+    model = ZOO["mlp"](sizes=(4, 4, 4))  # Gemm, Relu, Gemm
+    for n in model.graph.node:
+        n.name = ""
+    model.graph.node[1].name = "Gemm_0"  # the name node 0 is given
+    names = [n.name for n in dfdl.load(model).nodes]
+    assert names == ["Gemm_0", "Gemm_0_1", "Gemm_2"]
+
+
+def test_load_does_not_modify_the_proto():
+    model = ZOO["transformer"](opset=17, **ZOO_CASES["transformer"])
+    before = model.SerializeToString()
+    dfdl.load(model)
+    assert model.SerializeToString() == before
+
+
+# ---- external data ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def external(tmp_path):
+    """The mlp saved as ``model/model.onnx`` + ``model/w.bin``; returns (path, proto)."""
+    model = ZOO["mlp"](**ZOO_CASES["mlp"])
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = folder / "model.onnx"
+    onnx.save_model(
+        copy.deepcopy(model),
+        str(path),
+        save_as_external_data=True,
+        location="w.bin",
+        size_threshold=0,
+    )
+    stored = onnx.load(str(path), load_external_data=False)
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in stored.graph.initializer)
+    return path, model
+
+
+def test_external_data_loads_and_runs(external, client):
+    path, model = external
+    assert_same_ir(dfdl.load(model), dfdl.load(path))
+    feeds = example_inputs("mlp", batch=5, **ZOO_CASES["mlp"])
+    out = dfdl.run(path, feeds, client=client, tiles={"batch": 2})
+    ref = ort_run(str(path), feeds)
+    assert_close(out["logits"], ref["logits"])
+
+
+def test_external_data_through_a_symlink_inside_the_folder(external, client):
+    path, model = external
+    folder = path.parent
+    (folder / "data").mkdir()
+    shutil.move(folder / "w.bin", folder / "data" / "real.bin")
+    os.symlink("data/real.bin", folder / "w.bin")
+    assert_same_ir(dfdl.load(model), dfdl.load(path))
+    os.remove(folder / "w.bin")
+    os.symlink(folder / "data" / "real.bin", folder / "w.bin")  # absolute target, inside
+    feeds = example_inputs("mlp", batch=3, **ZOO_CASES["mlp"])
+    out = dfdl.run(path, feeds, client=client)
+    assert_close(out["logits"], ort_run(model, feeds)["logits"])
+    # the file on disk still names the link, not the resolved file
+    stored = onnx.load(str(path), load_external_data=False)
+    locations = {e.value for t in stored.graph.initializer for e in t.external_data}
+    assert "w.bin" in locations
+
+
+def test_external_data_through_a_symlink_outside_is_refused(external, tmp_path):
+    path, _ = external
+    folder = path.parent
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(folder / "w.bin", outside / "w.bin")
+    os.symlink(outside / "w.bin", folder / "w.bin")
+    with pytest.raises(ModelError, match="outside the model's folder"):
+        dfdl.load(path)
+
+
+def test_model_file_reached_through_a_symlinked_folder(external, tmp_path):
+    """The model's folder may itself be a link: locations are relative to where it points."""
+    path, model = external
+    link = tmp_path / "link"
+    os.symlink(path.parent, link)
+    assert_same_ir(dfdl.load(model), dfdl.load(link / "model.onnx"))
+
+
+def test_external_data_in_a_subfolder(tmp_path):
+    model = ZOO["mlp"](**ZOO_CASES["mlp"])
+    path = tmp_path / "model.onnx"
+    (tmp_path / "weights").mkdir()
+    onnx.save_model(
+        copy.deepcopy(model),
+        str(path),
+        save_as_external_data=True,
+        location="weights/all.bin",
+        size_threshold=0,
+    )
+    assert_same_ir(dfdl.load(model), dfdl.load(path))
+    stored = set_location(onnx.load(str(path), load_external_data=False), "weights//all.bin")
+    onnx.save_model(stored, str(path))
+    assert_same_ir(dfdl.load(model), dfdl.load(path))
+
+
+# ---- export: from_ir(to_ir(m)) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("opset", [17, 21])
+@pytest.mark.parametrize("name", ZOO_CASES)
+def test_from_ir_round_trip_runs_in_onnxruntime(name, opset):
+    model = ZOO[name](opset=opset, **ZOO_CASES[name])
+    graph = to_ir(load_model(model))
+    exported = from_ir(graph)
+    onnx.checker.check_model(exported, full_check=True)
+    assert [i.name for i in exported.graph.input] == [i.name for i in model.graph.input]
+    # symbolic input dimensions survive the round trip
+    dims = exported.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "batch"
+    assert [n.name for n in exported.graph.node] == [n.name for n in graph.nodes]
+    feeds = example_inputs(name, batch=3, **ZOO_CASES[name])
+    ref = ort_run(model, feeds)
+    got = ort_run(exported, feeds)
+    assert got.keys() == ref.keys()
+    for k in ref:
+        assert_close(got[k], ref[k])
+    # and the exported model reads back as the same IR, in the canonical (>= 21) opset
+    again = to_ir(load_model(exported))
+    assert again.opset == max(21, opset)
+    assert_same_ir(graph, again, same_opset=False)
+
+
+def test_from_ir_static_shapes_after_bind():
+    from dfdl.ir.bind import bind
+    from dfdl.ops.registry import TensorType
+
+    model = ZOO["mlp"](**ZOO_CASES["mlp"])
+    bound = bind(to_ir(load_model(model)), {"x": TensorType((7, 16), np.float32)})
+    exported = from_ir(bound, symbolic=False)
+    onnx.checker.check_model(exported, full_check=True)
+    dims = [d.dim_value for d in exported.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [7, 16]
+    out_dims = [d.dim_value for d in exported.graph.output[0].type.tensor_type.shape.dim]
+    assert out_dims == [7, 5]
+    feeds = example_inputs("mlp", batch=7, **ZOO_CASES["mlp"])
+    assert_close(ort_run(exported, feeds)["logits"], ort_run(model, feeds)["logits"])
+
+
+# ---- canonical (latest-opset) forms --------------------------------------------------------
+
+
+def test_opset17_transformer_canonicalizes_reduce_mean_axes():
+    kw = ZOO_CASES["transformer"]
+    old = ZOO["transformer"](opset=17, **kw)
+    (pool_proto,) = [n for n in old.graph.node if n.op_type == "ReduceMean"]
+    assert [a.name for a in pool_proto.attribute if a.name == "axes"] == ["axes"]
+    assert len(pool_proto.input) == 1
+
+    graph = dfdl.load(old)
+    assert graph.opset == 17
+    (pool,) = [n for n in graph.nodes if n.op_type == "ReduceMean"]
+    assert "axes" not in pool.attrs
+    assert len(pool.inputs) == 2
+    axes = graph.initializers[pool.inputs[1]]
+    assert axes.dtype == np.int64 and axes.tolist() == [1]
+    # the canonical node matches the opset-21 builder's node in everything but names
+    new = dfdl.load(ZOO["transformer"](opset=21, **kw))
+    (pool21,) = [n for n in new.nodes if n.op_type == "ReduceMean"]
+    assert pool.attrs == pool21.attrs
+    # the builder writes its axes as a Constant node (constants never train)
+    (const,) = [n for n in new.nodes if n.outputs == [pool21.inputs[1]]]
+    assert const.op_type == "Constant"
+    assert graph.initializers[pool.inputs[1]].tolist() == const.attrs["value"].tolist()
+
+
+def test_opset17_transformer_runs_like_onnxruntime(client):
+    kw = ZOO_CASES["transformer"]
+    model = ZOO["transformer"](opset=17, **kw)
+    feeds = example_inputs("transformer", batch=3, **kw)
+    out = dfdl.run(model, feeds, client=client, tiles={"batch": 3})
+    assert_close(out["logits"], ort_run(model, feeds)["logits"])

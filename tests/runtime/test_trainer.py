@@ -1,0 +1,135 @@
+"""The trainer's cluster state: weights scattered and gathered in memory-bounded batches."""
+
+from __future__ import annotations
+
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client
+
+import dfdl
+import dfdl.models
+from dfdl.errors import TrainingError
+from dfdl.ops.registry import TensorType
+from dfdl.runtime.cluster import transfer_budget
+from dfdl.runtime.trainer import ClusterState, gather_watching
+
+
+def test_scatter_and_gather_in_batches_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    values = {f"w{i}": rng.standard_normal((256, 256), dtype=np.float32) for i in range(6)}
+    chunks = {k: ((128, 128), (64, 64, 64, 64)) for k in values}
+    types = {k: TensorType(v.shape, v.dtype) for k, v in values.items()}
+    total = sum(v.nbytes for v in values.values())
+    with (
+        dask.config.set(  # limits far below a Python process: only managed memory counts
+            {f"distributed.worker.memory.{k}": False for k in ("spill", "pause", "terminate")}
+        ),
+        dfdl.LocalCluster(2, memory_limit="2MiB", local_directory=str(tmp_path)) as cluster,
+        Client(cluster) as client,
+    ):
+        budget = transfer_budget(client)
+        assert budget == int(0.1 * 2 * 2 * 2**20)
+        assert total > 3 * budget  # several batches
+        state = ClusterState.scatter(client, values, chunks)
+        got = state.gather(client, types)
+    for k, v in values.items():
+        np.testing.assert_array_equal(got[k], v)
+
+
+def _slow_square(x):
+    import time
+
+    time.sleep(0.2)
+    return x * x
+
+
+def test_gather_returns_results_while_workers_run(client):
+    futures = client.map(_slow_square, range(6))
+    assert gather_watching(client, futures, poll=0.1, give_up=0.5) == [x * x for x in range(6)]
+
+
+PAUSED = {
+    "distributed.worker.memory.pause": 0.01,  # 1% of 1 GiB: below any Python process
+    "distributed.worker.memory.terminate": False,
+    "distributed.worker.memory.monitor-interval": "10ms",
+}
+
+
+@pytest.fixture
+def paused_client(tmp_path):
+    with (
+        dask.config.set(PAUSED),
+        dfdl.LocalCluster(2, memory_limit="1GiB", local_directory=str(tmp_path)) as cluster,
+        # scatter waits this long for a running worker (default 30 s) before it gives up
+        Client(cluster, timeout="5s") as client,
+    ):
+        deadline = time.time() + 30  # (wait_for_workers waits for running ones: never)
+        while time.time() < deadline:
+            statuses = [w["status"] for w in client.scheduler_info()["workers"].values()]
+            if statuses == ["paused", "paused"]:
+                break
+            time.sleep(0.05)
+        assert statuses == ["paused", "paused"]
+        yield client
+
+
+def test_gather_gives_up_on_workers_paused_for_memory(paused_client):
+    futures = paused_client.map(_slow_square, range(4))
+    with pytest.raises(TrainingError, match=r"paused by Dask's memory monitor for 1 s \(tcp://"):
+        gather_watching(paused_client, futures, poll=0.2, give_up=1.0)
+
+
+def train_tiny_mlp(client):
+    """Two SGD steps of an 8-16-3 MLP on random data, on ``client``."""
+    rng = np.random.default_rng(0)
+    data = (rng.standard_normal((16, 8), dtype=np.float32), rng.integers(0, 3, 16))
+    return dfdl.train(
+        dfdl.models.mlp((8, 16, 3)),
+        data=data,
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.1),
+        batch_size=8,
+        steps=2,
+        client=client,
+        progress=False,
+    )
+
+
+def test_training_on_paused_workers_is_an_error_not_a_hang(paused_client):
+    with pytest.raises(TrainingError, match="paused by Dask's memory monitor"):
+        train_tiny_mlp(paused_client)
+
+
+def test_data_inside_its_readers_trains_bit_identically_with_fewer_tasks(client, monkeypatch):
+    from dfdl.runtime import trainer
+    from tests.taskgraph.test_fuse import _switched
+
+    model = dfdl.models.resnet(
+        in_channels=2, image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3
+    )
+    n_off, n_on = _switched("INLINE_DATA", client, model, monkeypatch, owner=trainer)
+    assert n_on < n_off, (n_on, n_off)
+
+
+def test_task_bodies_pickled_once_train_bit_identically(client, monkeypatch):
+    from dfdl.runtime import trainer
+    from dfdl.taskgraph import pack
+    from tests.taskgraph.test_fuse import _switched
+
+    model = dfdl.models.resnet(
+        in_channels=2, image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3
+    )
+    graphs = []
+
+    def pack_small(dsk):  # this tiny model's task bodies are under MIN_BYTES
+        graphs.append(pack.pack_bodies(dsk, min_bytes=256))
+        return graphs[-1]
+
+    monkeypatch.setattr(trainer, "pack_bodies", pack_small)
+    n_off, n_on = _switched("PACK", client, model, monkeypatch, owner=trainer)
+    assert n_on == n_off
+    packed = [t for g in graphs for t in g.values() if getattr(t, "func", None) is pack.run_packed]
+    assert packed, "no task body was packed"
