@@ -69,9 +69,10 @@ import dfdl
 import dfdl.models
 from dfdl.ir.onnx_io import to_ir
 from dfdl.ops.registry import TensorType
+from dfdl.plan.compile import plan_graph, plan_training
 from dfdl.plan.estimate import estimate_memory, working_set
 from dfdl.runtime.cluster import parse_memory, worker_memory_config
-from dfdl.training.graph import build_training_graph, plan_training
+from dfdl.training.graph import build_training_graph
 
 MANAGED_ONLY = {
     "distributed.worker.memory.target": 0.6,
@@ -119,7 +120,7 @@ class Workload(abc.ABC):
     def sized(self, goal: int, batch: int) -> int:
         """The smallest size whose training working set reaches ``goal`` bytes."""
         size = self.first_size(goal)
-        while working_set(self.training_graph(size, batch).plan({"batch": 1})) < goal:
+        while working_set(plan_graph(self.training_graph(size, batch), {"batch": 1})) < goal:
             size += self.step
         return size
 

@@ -104,8 +104,7 @@ from dask.utils import key_split
 import dfdl
 from dfdl.models import ZOO, example_inputs
 from dfdl.ops.cpu import blas as dfdl_blas
-from dfdl.ops.registry import TensorType
-from dfdl.plan.estimate import node_flops
+from dfdl.ops.registry import TensorType, node_cost
 from dfdl.runtime.cluster import default_workers, local_cluster, total_threads
 from dfdl.taskgraph.step_tasks import STEP_NAME
 
@@ -215,7 +214,9 @@ def forward_flops(model, batch: int, dims: dict) -> int:
     for k, v in graph.initializers.items():
         types.setdefault(k, TensorType(np.shape(v), np.asarray(v).dtype))
     counted = ("Gemm", "MatMul", "Conv", "ConvTranspose")
-    return sum(node_flops(n, types) for n in graph.nodes if n.op_type in counted and not n.domain)
+    return sum(
+        node_cost(n, types).flops for n in graph.nodes if n.op_type in counted and not n.domain
+    )
 
 
 def _stream_seconds(records: list[dict]) -> dict[str, float]:

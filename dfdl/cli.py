@@ -57,8 +57,8 @@ def parse_tiles(text: str) -> dict[str, int] | str | None:
         return None
     if text == "uneven":
         return "uneven"
+    from dfdl.plan.compile import SPLIT_NORMS
     from dfdl.plan.tiling import TILES_KEYS
-    from dfdl.training.graph import SPLIT_NORMS
 
     return _key_values(text, "--tiles", (*TILES_KEYS, SPLIT_NORMS))
 
@@ -342,9 +342,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan_and_show(args, graph, types, cores: int) -> int:
     from dfdl.errors import ConfigError
     from dfdl.ir.bind import bind
+    from dfdl.plan.compile import plan_training
     from dfdl.plan.tiling import make_plan
     from dfdl.runtime.cluster import parse_memory
-    from dfdl.training.graph import build_training_graph, plan_training
+    from dfdl.training.graph import build_training_graph
 
     memory = parse_memory(args.memory_limit, "--memory-limit")
     if args.training:
@@ -448,7 +449,7 @@ def describe_model(model, title: str = "model") -> str:
     from dfdl.ir.onnx_io import MAX_OPSET, MIN_OPSET
     from dfdl.ops import lookup
     from dfdl.ops.registry import ONNX_DOMAINS
-    from dfdl.plan.tiling import format_bytes
+    from dfdl.plan.estimate import format_bytes
 
     g = model.graph
     inits = {t.name for t in g.initializer}

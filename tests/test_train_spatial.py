@@ -13,6 +13,7 @@ import pytest
 
 import dfdl
 import dfdl.models
+from dfdl.plan.compile import plan_graph
 from dfdl.plan.tiling import TASK_MEMORY_FRACTION
 
 UNET = dict(in_channels=1, num_classes=2, base=2, levels=2, volume=8)
@@ -85,9 +86,9 @@ def test_training_plan_under_a_limit_splits_space():
         optimizer=dfdl.optim.Adam(lr=1e-3),
         labels=TensorType((1, 32, 32, 32), np.dtype("int64")),
     )
-    free = tg.plan()
+    free = plan_graph(tg)
     limit = free.peak_task()[1] // 3
-    bounded = tg.plan(memory_limit=limit / TASK_MEMORY_FRACTION)
+    bounded = plan_graph(tg, memory_limit=limit / TASK_MEMORY_FRACTION)
     assert bounded.tiles.get("space", 1) > 1
     assert bounded.peak_task()[1] <= limit
     kinds = {

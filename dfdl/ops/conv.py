@@ -15,6 +15,7 @@ dW is a ConvGradWeight with the roles of X and dY swapped.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +28,15 @@ from dfdl.ops.cpu.conv import (
     conv_grad_weight_cpu,
     conv_transpose_cpu,
 )
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
+from dfdl.ops.registry import (
+    Cost,
+    TensorType,
+    TileContext,
+    TileSpec,
+    defvjp,
+    io_bytes,
+    register,
+)
 
 _DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -246,7 +255,23 @@ def _conv_tile(ctx: TileContext) -> TileSpec:
     )
 
 
-@register("Conv", shape=_conv_shape, tile=_conv_tile, kernels={"cpu": conv_cpu}, contraction=True)
+def _conv_cost(inputs, outputs, **attrs) -> Cost:
+    return Cost(2 * outputs[0].size * math.prod(inputs[1].shape[1:]), io_bytes(inputs, outputs))
+
+
+def _conv_transpose_cost(inputs, outputs, **attrs) -> Cost:
+    flops = 2 * inputs[0].size * math.prod(inputs[1].shape[1:])
+    return Cost(flops, io_bytes(inputs, outputs))
+
+
+@register(
+    "Conv",
+    shape=_conv_shape,
+    tile=_conv_tile,
+    kernels={"cpu": conv_cpu},
+    contraction=True,
+    cost=_conv_cost,
+)
 def Conv(
     X,
     W,
@@ -340,6 +365,7 @@ def _conv_transpose_tile(ctx: TileContext) -> TileSpec:
     tile=_conv_transpose_tile,
     kernels={"cpu": conv_transpose_cpu},
     contraction=True,
+    cost=_conv_transpose_cost,
 )
 def ConvTranspose(
     X,

@@ -1,4 +1,7 @@
-"""Matrix products: Gemm and MatMul (BLAS; no numba kernel needed), and their VJPs.
+"""Matrix products: Gemm and MatMul, their numpy forwards, VJPs and costs.
+
+The CPU kernels (BLAS through :func:`dfdl.ops.cpu.blas.matmul`) are in
+:mod:`dfdl.ops.cpu.linalg`; they receive :func:`gemm_params`' resolved flags.
 
 Both contract one axis; tiles of that axis give partial products that the planner
 sums with a tree reduction (``reduce={"k": "sum"}``). The gradients are matrix products
@@ -19,8 +22,15 @@ import numpy as np
 
 from dfdl.errors import ShapeError, UnsupportedOpError
 from dfdl.ops.common import letters
-from dfdl.ops.cpu.blas import matmul
-from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
+from dfdl.ops.registry import (
+    Cost,
+    TensorType,
+    TileContext,
+    TileSpec,
+    defvjp,
+    io_bytes,
+    register,
+)
 
 _MATMUL_DTYPES = frozenset(
     np.dtype(t)
@@ -75,24 +85,43 @@ def _gemm_tile(ctx: TileContext) -> TileSpec:
     )
 
 
-@register("Gemm", shape=_gemm_shape, tile=_gemm_tile, contraction=True)
+def gemm_params(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0) -> dict:
+    """The Gemm kernels' parameters: ``alpha``, ``beta`` as floats, the flags as bools."""
+    return {
+        "alpha": float(alpha),
+        "beta": float(beta),
+        "trans_a": bool(transA),
+        "trans_b": bool(transB),
+    }
+
+
+def _gemm_cost(inputs, outputs, *, transA=0, **attrs) -> Cost:
+    a = inputs[0].shape
+    return Cost(2 * outputs[0].size * (a[0] if transA else a[1]), io_bytes(inputs, outputs))
+
+
+@register(
+    "Gemm",
+    shape=_gemm_shape,
+    tile=_gemm_tile,
+    contraction=True,
+    params=gemm_params,
+    cost=_gemm_cost,
+)
 def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """General matrix product ``alpha * A' @ B' + beta * C`` (ONNX Gemm).
 
     Linear in (A, B) and in C separately, so partial products over K tiles plus C
     given to one tile sum to the full result.
     """
-    dtype = A.dtype
     a = A.T if transA else A
     b = B.T if transB else B
-    y = np.asarray(matmul(a, b))
-    # in place: the product is a fresh array, and a second output-sized allocation
-    # costs page faults on every call (a dense layer's output is 16-64 MiB)
+    y = np.asarray(np.matmul(a, b))
     if alpha != 1.0:
         np.multiply(y, alpha, out=y, casting="unsafe")
     if C is not None and beta != 0.0:
         np.add(y, C * beta if beta != 1.0 else C, out=y, casting="unsafe")
-    return y.astype(dtype, copy=False)
+    return y.astype(A.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- MatMul
@@ -134,26 +163,19 @@ def _matmul_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(a_spec, b_spec), outputs=(out,), reduce={"c": "sum"})
 
 
-@register("MatMul", shape=_matmul_shape, tile=_matmul_tile, contraction=True)
+def _matmul_cost(inputs, outputs, **attrs) -> Cost:
+    return Cost(2 * outputs[0].size * inputs[0].shape[-1], io_bytes(inputs, outputs))
+
+
+@register("MatMul", shape=_matmul_shape, tile=_matmul_tile, contraction=True, cost=_matmul_cost)
 def MatMul(A, B):
     """Numpy-style matrix product with broadcast batch dimensions (ONNX MatMul).
-
-    A stack of rows times one matrix (a dense layer: A ``(..., M, K)``, B ``(K, N)``)
-    runs as one ``(rows, K) @ (K, N)`` GEMM: numpy's batched matmul calls BLAS once per
-    leading index, which measured 12% slower for (8, 256, 512) @ (512, 2048).
 
     Example:
         >>> MatMul(np.ones((2, 3, 4), np.float32), np.ones((4, 5), np.float32)).shape
         (2, 3, 5)
     """
-    return _product(A, B).astype(A.dtype, copy=False)
-
-
-def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b``, a stack of C-ordered rows times one matrix as one GEMM."""
-    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous:
-        return np.asarray(matmul(a.reshape(-1, a.shape[-1]), b)).reshape(*a.shape[:-1], b.shape[-1])
-    return np.asarray(matmul(a, b))
+    return np.asarray(np.matmul(A, B)).astype(A.dtype, copy=False)
 
 
 # ---------------------------------------------------------------------- dfdl.MatMulT
@@ -184,6 +206,16 @@ def _matmul_t_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(a_spec, b_spec), outputs=spec.outputs, reduce=spec.reduce)
 
 
+def matmul_t_params(A, B, *, transA=0, transB=0) -> dict:
+    """The MatMulT kernels' parameters: the transpose flags as bools."""
+    return {"trans_a": bool(transA), "trans_b": bool(transB)}
+
+
+def _matmul_t_cost(inputs, outputs, *, transA=0, **attrs) -> Cost:
+    a = inputs[0].shape
+    return Cost(2 * outputs[0].size * (a[-2] if transA else a[-1]), io_bytes(inputs, outputs))
+
+
 @register(
     "MatMulT",
     domain="dfdl",
@@ -191,6 +223,8 @@ def _matmul_t_tile(ctx: TileContext) -> TileSpec:
     tile=_matmul_t_tile,
     contraction=True,
     differentiable=False,
+    params=matmul_t_params,
+    cost=_matmul_t_cost,
 )
 def MatMulT(A, B, *, transA=0, transB=0):
     """``A' @ B'`` with numpy matmul semantics, where ``A'`` is A with its last two axes
@@ -205,7 +239,7 @@ def MatMulT(A, B, *, transA=0, transB=0):
     """
     a = np.swapaxes(A, -1, -2) if transA else A
     b = np.swapaxes(B, -1, -2) if transB else B
-    return _product(a, b).astype(A.dtype, copy=False)
+    return np.asarray(np.matmul(a, b)).astype(A.dtype, copy=False)
 
 
 # ------------------------------------------------------------------- dfdl.MatMulGradB
@@ -230,6 +264,12 @@ def _grad_b_tile(ctx: TileContext) -> TileSpec:
     )
 
 
+def _grad_b_cost(inputs, outputs, **attrs) -> Cost:
+    return Cost(
+        2 * outputs[0].size * (inputs[0].size // inputs[0].shape[-1]), io_bytes(inputs, outputs)
+    )
+
+
 @register(
     "MatMulGradB",
     domain="dfdl",
@@ -237,6 +277,7 @@ def _grad_b_tile(ctx: TileContext) -> TileSpec:
     tile=_grad_b_tile,
     contraction=True,
     differentiable=False,
+    cost=_grad_b_cost,
 )
 def MatMulGradB(A, dY):
     """``sum over ... and M of A^T dY`` for A ``(..., M, K)``, dY ``(..., M, N)``: the
@@ -249,7 +290,7 @@ def MatMulGradB(A, dY):
     """
     a = A.reshape(-1, A.shape[-1])
     dy = dY.reshape(-1, dY.shape[-1])
-    return np.asarray(matmul(a.T, dy)).astype(A.dtype, copy=False)
+    return np.asarray(np.matmul(a.T, dy)).astype(A.dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------- VJPs

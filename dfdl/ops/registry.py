@@ -4,10 +4,19 @@ Every rule about an op lives next to the op, in the module that registers it:
 
 * ``shape``   -- static output types from input types, constant inputs and attributes;
 * ``forward`` -- the numpy reference, with ONNX semantics (``def Gemm(A, B, C=None, *,
-  alpha=1.0, ...)``), returning one array or a tuple of arrays (one per output);
-* ``vjp``     -- graph-to-graph reverse rule (filled in by the training work);
+  alpha=1.0, ...)``), returning one array or a tuple of arrays (one per output); it is
+  also every device's fallback;
+* ``vjp``     -- graph-to-graph reverse rule (:func:`defvjp`);
 * ``tile``    -- how the op's outputs split into tiles and which input regions each needs;
-* ``kernels`` -- drop-in replacements for ``forward`` per device (``{"cpu": fn}``).
+* ``params``  -- the op's resolved geometry for its kernels (pads, strides, statistics
+  layout...), computed from the inputs and attributes of one tile;
+* ``cost``    -- FLOPs and bytes of one node (:func:`node_cost`: the estimate, bench).
+
+Kernels are not named by the op: a kernel module registers itself for a device with
+:func:`kernel` (``dfdl.ops.cpu`` for numba kernels, ``dfdl.ops.gpu`` for cupy ones) and
+never imports the op's module. :meth:`OpDef.kernel` gives the tile function of a device,
+which runs the kernel where the kernel accepts the tile's arrays and the numpy forward
+elsewhere.
 
 Example:
     >>> from dfdl.ops import REGISTRY
@@ -46,6 +55,11 @@ class TensorType:
     @property
     def rank(self) -> int:
         return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,66 @@ TileRule = Callable[[TileContext], TileSpec]
 
 
 @dataclass(frozen=True)
+class Kernel:
+    """One device's implementation of an op on a tile.
+
+    Attributes:
+        fn: ``fn(*inputs, **params)``: the tile's input arrays, in the op's input order
+            (trailing absent optional inputs dropped, as for the forward), and the op's
+            keyword parameters: what the op's ``params`` rule resolves from the node's
+            attributes and the arrays, or the attributes themselves where the op has no
+            such rule.
+        accepts: ``accepts(*inputs, **attrs) -> bool``: whether ``fn`` handles these
+            arrays (dtypes, ranks, layouts); where it does not, the op's numpy forward
+            runs instead. None: every input.
+    """
+
+    fn: Callable
+    accepts: Callable[..., bool] | None = None
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one node costs: floating-point operations, and bytes read and written."""
+
+    flops: int
+    bytes: int
+
+
+class Dispatch:
+    """The tile function of an op on one device: the device's kernel where it accepts
+    the arrays, the numpy forward elsewhere. Pickled by reference to its functions, so
+    a task carries it to any worker.
+
+    Example:
+        >>> d = Dispatch(np.negative, np.abs, accepts=lambda x: x.dtype.kind == "f")
+        >>> d(np.array([-1.0])), d(np.array([-1]))
+        (array([1.]), array([1]))
+    """
+
+    __slots__ = ("accepts", "forward", "kernel", "params")
+
+    def __init__(self, forward, kernel, accepts=None, params=None):
+        self.forward = forward
+        self.kernel = kernel
+        self.accepts = accepts
+        self.params = params
+
+    def __call__(self, *inputs, **attrs):
+        if self.accepts is not None and not self.accepts(*inputs, **attrs):
+            return self.forward(*inputs, **attrs)
+        if self.params is not None:
+            return self.kernel(*inputs, **self.params(*inputs, **attrs))
+        return self.kernel(*inputs, **attrs)
+
+    def __reduce__(self):
+        return Dispatch, (self.forward, self.kernel, self.accepts, self.params)
+
+    def __repr__(self) -> str:
+        return f"Dispatch({getattr(self.kernel, '__qualname__', self.kernel)})"
+
+
+@dataclass(frozen=True)
 class OpDef:
     """Everything dfdl knows about one op type (see the module docstring)."""
 
@@ -138,7 +212,7 @@ class OpDef:
     forward: Callable
     tile: TileRule | None = None
     vjp: Callable | None = None
-    kernels: Mapping[str, Callable] = field(default_factory=dict)
+    kernels: Mapping[str, Kernel] = field(default_factory=dict)
     domain: str = ""
     #: ops on the shape/constant path (Shape, Constant...): folded, never run as tasks
     fold_only: bool = False
@@ -149,13 +223,24 @@ class OpDef:
     #: a GEMM-class contraction (MatMul, Conv...): its tasks are never fused into their
     #: consumer (:mod:`dfdl.taskgraph.fuse`); they are long enough to carry their own overhead
     contraction: bool = False
+    #: ``params(*inputs, **attrs) -> dict``: the keyword parameters of the op's kernels
+    params: Callable | None = None
+    #: ``cost(inputs, outputs, **attrs) -> Cost`` from static types (None: one FLOP per
+    #: output element, every input and output read or written once)
+    cost: Callable | None = None
 
     def kernel(self, device: str = "cpu") -> Callable:
-        """The tile function for ``device``: its kernel, or the numpy forward."""
-        return self.kernels.get(device, self.forward)
+        """The tile function for ``device``: a :class:`Dispatch` to its kernel, or the
+        numpy forward where no kernel is registered for the device."""
+        k = self.kernels.get(device)
+        if k is None:
+            return self.forward
+        return Dispatch(self.forward, k.fn, k.accepts, self.params)
 
 
 REGISTRY: dict[str, OpDef] = {}
+#: kernels registered before their op (a kernel module imported first)
+_PENDING: dict[str, dict[str, Kernel]] = {}
 
 
 def _key(domain: str, name: str) -> str:
@@ -167,18 +252,23 @@ def register(
     *,
     shape: ShapeRule,
     tile: TileRule | None = None,
-    kernels: Mapping[str, Callable] | None = None,
     domain: str = "",
     fold_only: bool = False,
     differentiable: bool = True,
     const_inputs: tuple[int, ...] = (),
     vjp: Callable | None = None,
     contraction: bool = False,
+    params: Callable | None = None,
+    cost: Callable | None = None,
+    kernels: Mapping[str, Callable] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator registering a numpy forward as the op ``name``.
 
+    ``kernels`` (deprecated while the kernel modules move to :func:`kernel`): device
+    functions with the forward's signature and their own fallback.
+
     Example:
-        >>> @register("Neg", shape=same_shape, tile=elementwise_tile)
+        >>> @register("Neg", shape=same_shape, tile=elementwise_tile)  # doctest: +SKIP
         ... def Neg(X):
         ...     return np.negative(X)
     """
@@ -192,13 +282,18 @@ def register(
             shape=shape,
             forward=fn,
             tile=tile,
-            kernels=dict(kernels or {}),
+            kernels={
+                **{d: Kernel(f) for d, f in (kernels or {}).items()},
+                **_PENDING.pop(key, {}),
+            },
             domain=domain,
             fold_only=fold_only,
             differentiable=differentiable,
             const_inputs=tuple(const_inputs),
             vjp=vjp,
             contraction=contraction,
+            params=params,
+            cost=cost,
         )
         return fn
 
@@ -216,7 +311,7 @@ def defvjp(name: str, domain: str = "") -> Callable[[Callable], Callable]:
     of the output: the autodiff driver reduces them to the input's shape.
 
     Example:
-        >>> @defvjp("Neg")
+        >>> @defvjp("Neg")  # doctest: +SKIP
         ... def _neg_vjp(b, node, dys):
         ...     return [b.op("Neg", [dys[0]])]
     """
@@ -230,14 +325,66 @@ def defvjp(name: str, domain: str = "") -> Callable[[Callable], Callable]:
     return deco
 
 
-def add_kernel(name: str, device: str, fn: Callable, domain: str = "") -> None:
-    """Attach a device kernel to an already registered op (kernels live in ops/cpu)."""
-    op = REGISTRY[_key(domain, name)]
-    kernels = dict(op.kernels)
-    kernels[device] = fn
-    REGISTRY[_key(domain, name)] = OpDef(**{**op.__dict__, "kernels": kernels})
+def add_kernel(
+    name: str,
+    device: str,
+    fn: Callable,
+    *,
+    accepts: Callable[..., bool] | None = None,
+    domain: str = "",
+) -> None:
+    """Register ``fn`` as ``device``'s kernel of the op (see :class:`Kernel`).
+
+    Example:
+        >>> add_kernel("Relu", "cpu", relu, accepts=floats)  # doctest: +SKIP
+    """
+    key = _key(domain, name)
+    k = Kernel(fn, accepts)
+    op = REGISTRY.get(key)
+    if op is None:
+        _PENDING.setdefault(key, {})[device] = k
+        return
+    REGISTRY[key] = OpDef(**{**op.__dict__, "kernels": {**op.kernels, device: k}})
+
+
+def kernel(
+    name: str, device: str = "cpu", *, accepts: Callable[..., bool] | None = None, domain: str = ""
+) -> Callable[[Callable], Callable]:
+    """Decorator form of :func:`add_kernel`, used by the kernel modules.
+
+    Example:
+        >>> @kernel("Relu", accepts=floats)  # doctest: +SKIP
+        ... def relu(X):
+        ...     return _map(_relu, X)
+    """
+
+    def deco(fn: Callable) -> Callable:
+        add_kernel(name, device, fn, accepts=accepts, domain=domain)
+        return fn
+
+    return deco
 
 
 def lookup(name: str, domain: str = "") -> OpDef | None:
     """The OpDef for ``(domain, name)``, or None when dfdl does not support it."""
     return REGISTRY.get(_key(domain, name))
+
+
+def node_cost(node, types: Mapping[str, TensorType]) -> Cost:
+    """The :class:`Cost` of one IR node from the static types of its values: its op's
+    ``cost`` rule, or one FLOP per element of its first output.
+
+    Example:
+        >>> node_cost(node, graph.types).flops  # doctest: +SKIP
+    """
+    ins = [types[i] if i else None for i in node.inputs]
+    outs = [types[o] if o else None for o in node.outputs]
+    op = lookup(node.op_type, node.domain)
+    if op is not None and op.cost is not None:
+        return op.cost(ins, outs, **node.attrs)
+    return Cost(outs[0].size if outs and outs[0] is not None else 0, io_bytes(ins, outs))
+
+
+def io_bytes(inputs, outputs) -> int:
+    """Bytes of every present input and output (each read or written once)."""
+    return sum(t.nbytes for t in (*inputs, *outputs) if t is not None)

@@ -37,7 +37,6 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import dask
@@ -54,6 +53,15 @@ DEFAULT_FOOTPRINT = 224 * 2**20
 HEADROOM = 0.9
 #: Dask's default ``distributed.worker.memory.spill``
 DASK_SPILL = 0.7
+
+
+def format_bytes(n: int) -> str:
+    """Bytes for people: ``format_bytes(3 * 2**20) == "3.0 MiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
 
 
 def process_limited() -> bool:
@@ -165,8 +173,6 @@ class MemoryEstimate:
     footprint: int = 0  # the worker process's own, included in peak_per_worker
 
     def lines(self) -> list[str]:
-        from dfdl.plan.tiling import format_bytes
-
         if self.memory_limit:
             times = self.working_set / (self.workers * self.memory_limit)
             where = f"{times:.1f}x the {self.workers} worker(s)' limits of "
@@ -183,31 +189,6 @@ class MemoryEstimate:
             ),
             f"predicted bytes spilled per step: {format_bytes(self.spilled_per_step)}",
         ]
-
-
-def node_flops(node, types: Mapping) -> int:
-    """Forward FLOPs of one node from static shapes: two per multiply-add for Gemm,
-    MatMul, Conv and ConvTranspose, one per output element for any other op.
-
-    Example:
-        >>> sum(node_flops(n, plan.graph.types) for n in plan.graph.nodes)  # doctest: +SKIP
-    """
-
-    def shape(name: str) -> tuple[int, ...]:
-        return tuple(types[name].shape)
-
-    out = math.prod(shape(node.outputs[0])) if node.outputs and node.outputs[0] else 0
-    op = node.op_type if not node.domain else ""
-    if op == "Gemm":
-        a = shape(node.inputs[0])
-        return 2 * out * (a[0] if node.attrs.get("transA", 0) else a[1])
-    if op == "MatMul":
-        return 2 * out * shape(node.inputs[0])[-1]
-    if op == "Conv":
-        return 2 * out * math.prod(shape(node.inputs[1])[1:])
-    if op == "ConvTranspose":
-        return 2 * math.prod(shape(node.inputs[0])) * math.prod(shape(node.inputs[1])[1:])
-    return out
 
 
 def working_set(plan) -> int:

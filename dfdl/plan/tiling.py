@@ -39,6 +39,14 @@ from dfdl.ir.graph import Graph, Node
 from dfdl.ops import lookup
 from dfdl.ops.common import whole_tile
 from dfdl.ops.registry import TensorType, TileContext, TileSpec
+from dfdl.plan.estimate import (
+    estimate_memory,
+    format_bytes,
+    smallest_limit,
+    spill_threshold,
+    task_budget,
+    worker_footprint,
+)
 
 Chunks = tuple[tuple[int, ...], ...]
 
@@ -151,8 +159,6 @@ class Plan:
         Example:
             >>> plan.estimate(workers=2).spilled_per_step  # doctest: +SKIP
         """
-        from dfdl.plan.estimate import estimate_memory
-
         return estimate_memory(self, workers, threads_per_worker=threads_per_worker)
 
     def summary(self, workers: int | None = None, threads_per_worker: int = 1) -> str:
@@ -190,15 +196,6 @@ def _fmt_chunks(c: tuple[int, ...]) -> str:
     if len(set(c)) == 1:
         return f"{c[0]}" if len(c) == 1 else f"{len(c)}*{c[0]}"
     return "(" + ",".join(map(str, c)) + ")"
-
-
-def format_bytes(n: int) -> str:
-    """Bytes for people: ``format_bytes(3 * 2**20) == "3.0 MiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def node_spec(node: Node, graph: Graph) -> TileSpec:
@@ -420,8 +417,6 @@ def make_plan(
             f"memory_limit ({memory_limit!r}) and task_fraction ({task_fraction!r}) must be "
             "positive"
         )
-    from dfdl.plan.estimate import smallest_limit, spill_threshold, task_budget, worker_footprint
-
     if footprint is None:
         footprint = worker_footprint()
     budget = task_budget(memory_limit, footprint, task_fraction)

@@ -10,7 +10,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import dask
 import numpy as np
 import onnx
 from dask.utils import format_bytes
@@ -23,7 +22,13 @@ from dfdl.errors import ConfigError, DataError
 from dfdl.ir.bind import bind
 from dfdl.ir.onnx_io import ModelLike, from_ir, load_model, to_ir
 from dfdl.ops.registry import TensorType
-from dfdl.plan.estimate import DASK_TARGET, estimate_memory
+from dfdl.plan.compile import (
+    SPLIT_NORMS,
+    StepPlan,
+    Workers,
+    choose_variant,
+    training_plan,
+)
 from dfdl.plan.tiling import make_plan
 from dfdl.runtime import checkpoint
 from dfdl.runtime.cluster import (
@@ -52,13 +57,12 @@ from dfdl.runtime.trainer import (
     LossCollector,
     SpillMeter,
     StepInput,
-    StepPlan,
     Throughput,
     run_steps,
 )
 from dfdl.taskgraph.lower import new_token
-from dfdl.training.graph import SPLIT_NORMS, TrainingGraph, build_training_graph, plan_training
-from dfdl.training.passes.recompute import MODES, choose
+from dfdl.training.graph import TrainingGraph, build_training_graph
+from dfdl.training.passes.recompute import MODES
 
 logger = logging.getLogger("dfdl")
 
@@ -244,7 +248,7 @@ def train(
     cores = total_threads(client) if client is not None else default_workers()
     limit = worker_memory_limit(client) if client is not None else embedded_memory_limit()
     # tiles fit between the workers' own pause line and the headroom (graph.estimate)
-    thresholds = worker_memory_config(client)
+    workers = Workers(cores=cores, memory_limit=limit, thresholds=worker_memory_config(client))
 
     def spilling_plan(b: int) -> StepPlan:
         if b not in cache:
@@ -260,8 +264,7 @@ def train(
                 seed=seed,
                 loss_options=options,
             )
-            with dask.config.set(thresholds):
-                cache[b] = StepPlan(*plan_training(tg, tiles, cores=cores, memory_limit=limit))
+            cache[b] = training_plan(tg, tiles, workers)
         return cache[b]
 
     first = spilling_plan(min(batch_size, n))  # model/data mismatches raise here, before any task
@@ -307,10 +310,13 @@ def train(
     with connect(client) as c:
         chosen: dict[int, StepPlan] = {}
 
+        nthreads = c.nthreads()
+        on = replace(workers, processes=len(nthreads), threads=max(nthreads.values()))
+
         def plans(b: int) -> StepPlan:
             if b not in chosen:
-                with dask.config.set(thresholds):
-                    chosen[b] = _fusing(_memory_mode(spilling_plan(b), memory, c), c)
+                sp = choose_variant(spilling_plan(b), memory, on, lambda: cluster_speeds(c))
+                chosen[b] = sp if FUSE_TASKS else replace(sp, fits=False)
             return chosen[b]
 
         first = plans(min(batch_size, n))
@@ -463,7 +469,7 @@ def train(
         first.plan.tiles,
         sorted(set(first.tg.recomputed.values())),
         rollbacks,
-        bool(chosen) and all(sp.fuse for sp in chosen.values()),
+        bool(chosen) and all(sp.fits for sp in chosen.values()),
     )
 
 
@@ -474,46 +480,6 @@ def _model_name(model, proto: onnx.ModelProto) -> str:
 
         return Path(model).stem
     return proto.graph.name or "model"
-
-
-def _estimate(sp: StepPlan, client):
-    """The plan's memory estimate on the client's workers, at their spill target."""
-    nthreads = client.nthreads()
-    target = dask.config.get("distributed.worker.memory.target", None)
-    return estimate_memory(
-        sp.plan,
-        workers=len(nthreads),
-        threads_per_worker=max(nthreads.values()),
-        target=target if isinstance(target, float) else DASK_TARGET,
-    )
-
-
-def _fusing(sp: StepPlan, client) -> StepPlan:
-    """The step plan, fusing single-consumer tasks (:mod:`dfdl.taskgraph.fuse`) unless it
-    recomputes or its estimate spills: a fused task holds its producers' inputs until it
-    runs, which a beyond-memory plan (tiles sized to a per-task budget) does not count."""
-    if sp.tg.recomputed or not FUSE_TASKS:
-        return sp
-    fits = sp.plan.memory_limit is None or _estimate(sp, client).spilled_per_step <= 0
-    return replace(sp, fuse=fits)
-
-
-def _memory_mode(sp: StepPlan, memory: str, client) -> StepPlan:
-    """The step plan with the segments ``memory`` recomputes (see :func:`train`)."""
-    if memory == "spill":
-        return sp
-    segs = sp.tg.segments()
-    if memory == "auto":
-        est = _estimate(sp, client)
-        if est.spilled_per_step <= 0:
-            return sp
-        speeds = cluster_speeds(client)
-        segs = choose(segs, est.spilled_per_step, speeds.flops_per_s, speeds.disk_bytes_per_s)
-    if not segs:
-        return sp
-    tg = sp.tg.recompute(segs)
-    # the same tiling: a clone computes the bits of the node it rebuilds
-    return StepPlan(*plan_training(tg, sp.plan.tiles, memory_limit=sp.plan.memory_limit))
 
 
 def _initial(graph, name: str) -> np.ndarray:

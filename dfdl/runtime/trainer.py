@@ -23,6 +23,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
 from dfdl.ops import lookup
+from dfdl.plan.compile import StepPlan
 from dfdl.plan.estimate import DASK_TARGET
 from dfdl.plan.tiling import TASK_MEMORY_FRACTION, Plan
 from dfdl.runtime import submit
@@ -31,7 +32,6 @@ from dfdl.taskgraph import gang, step_tasks
 from dfdl.taskgraph.fuse import LIGHT_BYTES, TINY_BYTES, fuse_into_consumers, inline_data
 from dfdl.taskgraph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.taskgraph.pack import pack_bodies
-from dfdl.training.graph import TrainingGraph
 
 #: batch tiles above this size are scattered rather than embedded in the graph
 EMBED_BYTES = 4 * 2**20
@@ -39,15 +39,6 @@ EMBED_BYTES = 4 * 2**20
 INLINE_DATA = True
 #: whether large task bodies are pickled once here, not at every dispatch (graph.pack)
 PACK = True
-
-
-@dataclass
-class StepPlan:
-    """A training graph and its tiling, for one batch size."""
-
-    tg: TrainingGraph
-    plan: Plan
-    fuse: bool = False  # fuse single-consumer tasks (dfdl.taskgraph.fuse) when submitting
 
 
 @dataclass
@@ -215,7 +206,7 @@ def run_steps(
         | {k for _, (k, _) in loss_keys},
         key=str,
     )
-    if all(sp.fuse for sp in used.values()):
+    if all(sp.fits for sp in used.values()):
         # one worker process: tiles never move (one round trip to the scheduler asks)
         nthreads = list(client.nthreads().values())
         one_worker = len(nthreads) == 1

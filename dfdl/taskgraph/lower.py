@@ -100,12 +100,18 @@ class _Builder:
     """Accumulates tasks; turns input regions into flat task arguments + specs."""
 
     def __init__(
-        self, plan: Plan, step: int, overrides: Mapping[str, Mapping[str, Any]], token: str
+        self,
+        plan: Plan,
+        step: int,
+        overrides: Mapping[str, Mapping[str, Any]],
+        token: str,
+        device: str,
     ):
         self.plan = plan
         self.step = step
         self.overrides = overrides
         self.token = token
+        self.device = device
         self.dsk: dict = {}
         self.tiles: dict[str, _TensorTiles] = {}
 
@@ -149,7 +155,7 @@ class _Builder:
         waits = self.waits(node.after)
         graph = self.plan.graph
         op = lookup(node.op_type, node.domain)
-        fn = op.kernel("cpu")
+        fn = op.kernel(self.device)
         out_specs = present_outputs(node, spec)
         outs = [o for o, _ in out_specs]
         n_out = len(node.outputs)
@@ -279,6 +285,7 @@ def lower(
     step: int = 0,
     attrs: Mapping[str, Mapping[str, Any]] | None = None,
     token: str = "",
+    device: str = "cpu",
 ) -> tuple[dict, dict[str, dict[tuple[int, ...], tuple[Any, Any]]]]:
     """Build the task graph of one pass over the plan.
 
@@ -294,12 +301,14 @@ def lower(
             step's Dropout seed).
         token: a run identifier (see :func:`new_token`) appended to every key name, so
             that two runs on one cluster never share a key.
+        device: the device of the workers that run the tasks (``"cpu"``): each tile
+            task runs that device's kernel of its op (:meth:`dfdl.ops.registry.OpDef.kernel`).
 
     Returns:
         ``(dsk, outputs)``: the task dict, and for each graph output the map from tile
         index to ``(key or value, output position or None)``.
     """
-    b = _Builder(plan, step, attrs or {}, token)
+    b = _Builder(plan, step, attrs or {}, token, device)
     for name, tiles in sources.items():
         b.tiles[name] = _TensorTiles(
             plan.chunks[name],

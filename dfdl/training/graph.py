@@ -30,8 +30,13 @@ from dfdl.ir.bind import TYPE_ONLY_INPUTS, bind
 from dfdl.ir.graph import Graph
 from dfdl.ops import lookup
 from dfdl.ops.registry import TensorType
+from dfdl.training import losses
 from dfdl.training.autodiff import GradBuilder, gradients
-from dfdl.training.passes import fold_transpose
+from dfdl.training.passes.fold_transpose import fold_transposes
+from dfdl.training.passes.fuse_norm_relu import fuse_batch_norm_relu
+from dfdl.training.passes.group_updates import GROUP_TOTAL_BYTES, group_small_updates
+from dfdl.training.passes.recompute import recompute, segments
+from dfdl.training.passes.split_norm import split_batch_norms
 
 #: BatchNormalization inputs holding running statistics (never trained)
 _BN_STATS = (3, 4)
@@ -80,8 +85,6 @@ class TrainingGraph:
     def segments(self, size: int | None = None):
         """The forward segments recomputation could rebuild
         (:func:`dfdl.training.passes.recompute.segments`)."""
-        from dfdl.training.passes.recompute import segments
-
         return segments(self.graph, self.grad_of, size)
 
     def recompute(self, chosen) -> TrainingGraph:
@@ -91,27 +94,24 @@ class TrainingGraph:
         Example:
             >>> tg2 = tg.recompute(tg.segments())  # doctest: +SKIP
         """
-        from dfdl.training.passes.recompute import recompute
-
         graph = self.graph.copy()
         clones = recompute(graph, chosen)
         return dataclasses.replace(self, graph=graph, recomputed={**self.recomputed, **clones})
 
-    def split_batch_norms(self) -> TrainingGraph:
+    def split_batch_norms(
+        self, *, fuse_relu: bool = True, group_running: bool = True
+    ) -> TrainingGraph:
         """A copy whose training-mode BatchNormalizations (and gradients) tile over batch
         and space (:mod:`dfdl.training.passes.split_norm`), their running statistics updated in
-        groups (:data:`dfdl.training.passes.group_updates.GROUP_RUNNING`).
+        groups.
 
         Example:
-            >>> tg.split_batch_norms().plan(memory_limit=2**28)  # doctest: +SKIP
+            >>> tg.split_batch_norms()  # doctest: +SKIP
         """
-        from dfdl.training.passes import group_updates
-        from dfdl.training.passes.split_norm import split_batch_norms
-
         graph = self.graph.copy()
-        split_batch_norms(graph)
-        if group_updates.GROUP_RUNNING:
-            group_updates.group_small_updates(graph, ops=("BatchNormRunning",))
+        split_batch_norms(graph, fuse_relu=fuse_relu)
+        if group_running:
+            group_small_updates(graph, ops=("BatchNormRunning",))
         return dataclasses.replace(self, graph=graph)
 
     def fuse_batch_norm_relu(self) -> TrainingGraph:
@@ -119,10 +119,8 @@ class TrainingGraph:
         one op each way (:mod:`dfdl.training.passes.fuse_norm_relu`).
 
         Example:
-            >>> tg.fuse_batch_norm_relu().plan()  # doctest: +SKIP
+            >>> tg.fuse_batch_norm_relu()  # doctest: +SKIP
         """
-        from dfdl.training.passes.fuse_norm_relu import fuse_batch_norm_relu
-
         graph = self.graph.copy()
         fuse_batch_norm_relu(graph)
         return dataclasses.replace(self, graph=graph)
@@ -132,10 +130,8 @@ class TrainingGraph:
         most ``max_total`` parameter bytes (:mod:`dfdl.training.passes.group_updates`).
 
         Example:
-            >>> tg.group_small_updates().plan()  # doctest: +SKIP
+            >>> tg.group_small_updates()  # doctest: +SKIP
         """
-        from dfdl.training.passes.group_updates import GROUP_TOTAL_BYTES, group_small_updates
-
         graph = self.graph.copy()
         group_small_updates(graph, max_total=max_total or GROUP_TOTAL_BYTES)
         return dataclasses.replace(self, graph=graph)
@@ -152,151 +148,6 @@ class TrainingGraph:
     def carried(self) -> list[str]:
         """Inputs whose values carry over from step to step."""
         return self.params + [s for p in self.params for s in self.states[p]] + self.buffers
-
-    def plan(self, tiles=None, *, cores: int = 1, memory_limit: int | None = None):
-        """The tiling plan of this graph; carried tensors are weights, not batch data.
-        With ``memory_limit`` (bytes per worker) every task fits a share of it or
-        :class:`~dfdl.errors.MemoryPlanError` is raised."""
-        from dfdl.plan.tiling import make_plan
-
-        return make_plan(
-            self.graph,
-            tiles,
-            cores=cores,
-            weights=self.carried(),
-            memory_limit=memory_limit,
-            carry=self.new,
-        )
-
-
-#: the ``tiles=`` key that asks for split BatchNormalizations (see :func:`plan_training`)
-SPLIT_NORMS = "split_norms"
-#: the split graph's plan is taken when it needs at most this share of the tasks
-SPLIT_NORMS_GAIN = 0.5
-
-
-def _refined_for_norms(plan) -> bool:
-    """Whether the memory bound split the model axis and a BatchNormalization (or its
-    gradient) is among the largest tasks, so whole channels drove the refinement."""
-    from dfdl.training.passes.split_norm import splittable
-
-    if not isinstance(plan.tiles, dict) or plan.tiles.get("model", 1) <= 1:
-        return False
-    top = sorted(plan.task_memory, key=plan.task_memory.get, reverse=True)[:3]
-    return any(splittable(plan.graph, name) for name in top)
-
-
-def _regathers_for_norms(plan) -> bool:
-    """Whether an automatic plan of whole BatchNormalizations tiles the batch or space
-    axes (so each whole-channel task gathers its channels from every batch and space
-    tile, and the next layer gathers them back) and has a training BatchNormalization."""
-    from dfdl.training.passes.split_norm import splittable
-
-    if not isinstance(plan.tiles, dict):
-        return False
-    if plan.tiles.get("batch", 1) <= 1 and plan.tiles.get("space", 1) <= 1:
-        return False
-    return any(splittable(plan.graph, n.name) for n in plan.graph.nodes)
-
-
-def plan_training(
-    tg: TrainingGraph, tiles=None, *, cores: int = 1, memory_limit: int | None = None
-) -> tuple[TrainingGraph, object]:
-    """The plan of :func:`plan_norms` (tiling, and whether BatchNormalizations split),
-    decided on ``tg``, for the graph with small parameters' updates grouped
-    (:mod:`dfdl.training.passes.group_updates`) in groups of at most 1/64 of the memory limit (a
-    group's task holds about ten times its parameters' bytes, within the task budget of
-    about a quarter of the limit); ``tg``'s own plan where a group still does not fit.
-    The decisions are taken on the ungrouped graph because a group is one whole task:
-    it changes the task counts they compare, not the tiles anything else needs.
-
-    Example:
-        >>> tg, plan = plan_training(tg, memory_limit=2**28)  # doctest: +SKIP
-    """
-    from dfdl.errors import MemoryPlanError
-
-    planned = plan_norms(tg, tiles, cores=cores, memory_limit=memory_limit)
-    grouped = tg.group_small_updates(None if memory_limit is None else int(memory_limit) // 64)
-    if len(grouped.graph.nodes) == len(tg.graph.nodes):
-        return planned
-    try:
-        return plan_norms(grouped, planned[1].tiles, cores=cores, memory_limit=memory_limit)
-    except MemoryPlanError as e:
-        node = next((n for n in grouped.graph.nodes if n.name == e.node), None)
-        if node is None or node.op_type != "UpdateGroup":
-            raise
-    return planned
-
-
-def plan_norms(
-    tg: TrainingGraph, tiles=None, *, cores: int = 1, memory_limit: int | None = None
-) -> tuple[TrainingGraph, object]:
-    """``(tg, tg.plan(...))`` with each BatchNormalization -> Relu pair fused
-    (:mod:`dfdl.training.passes.fuse_norm_relu`), or the training graph with split BatchNormalizations
-    (:mod:`dfdl.training.passes.split_norm`) and its plan: when ``tiles`` has ``"split_norms": 1``,
-    or when the plan fails on a BatchNormalization's whole-channel tasks, or when
-    automatic tiles split the batch or space axes, or when whole-channel tasks made the
-    automatic plan split channels and the split graph's plan needs at most
-    ``SPLIT_NORMS_GAIN`` of its tasks (measured: a 3-D U-Net at 172^3 under 1 GiB
-    workers, 57,998 tasks per step whole, 2,084 split). The plan's
-    ``tiles`` then carry ``"split_norms": 1``, so passing them back repeats the graph.
-
-    With batch (or space) tiles, whole-channel tasks re-tile every normalized
-    activation from batch tiles to channel tiles and back, and each re-tiling is a
-    point where every tile waits for every other. Split, the activations keep their
-    tiles and only the per-channel moments cross them. Measured on 2 cores (``python
-    bench/ab.py``, alternating rounds, same losses to 1e-4): the zoo's ResNet (batch
-    128 in 2 tiles) 1.133 s per step split against 1.188 whole (5 rounds), with 9% less
-    worker CPU; the 3-D U-Net 1.351 against 1.360 (3 rounds), 7% less CPU.
-
-    Example:
-        >>> tg, plan = plan_norms(tg, memory_limit=2**28)  # doctest: +SKIP
-    """
-    from dfdl.errors import MemoryPlanError, PlanError
-    from dfdl.training.passes.split_norm import splittable
-
-    split = False
-    if isinstance(tiles, Mapping) and SPLIT_NORMS in tiles:
-        split = tiles[SPLIT_NORMS]
-        if split not in (0, 1):
-            raise PlanError(f"tiles[{SPLIT_NORMS!r}] must be 0 or 1, not {split!r}")
-        tiles = {k: v for k, v in tiles.items() if k != SPLIT_NORMS}
-    if not split:
-        # whole BatchNormalizations run fused with their Relu (the split form fuses
-        # them itself, dfdl.training.passes.split_norm)
-        fused = tg.fuse_batch_norm_relu()
-        try:
-            plan = fused.plan(tiles, cores=cores, memory_limit=memory_limit)
-        except MemoryPlanError as e:
-            if not splittable(fused.graph, e.node or ""):
-                raise
-        else:
-            # with batch (or space) tiles, whole-channel tasks re-tile every normalized
-            # activation from batch tiles to channel tiles and back; under a memory limit
-            # they may have made the planner split the channels finely, where split
-            # passes over batch and space may need far fewer tasks
-            regathers = tiles is None and _regathers_for_norms(plan)
-            refined = tiles is None and memory_limit is not None and _refined_for_norms(plan)
-            if not (regathers or refined):
-                return fused, plan
-            split_tg = tg.split_batch_norms()
-            try:
-                split_plan = split_tg.plan(None, cores=cores, memory_limit=memory_limit)
-            except MemoryPlanError:
-                return fused, plan
-            if not regathers and split_plan.n_tasks() > SPLIT_NORMS_GAIN * plan.n_tasks():
-                return fused, plan
-            return _mark_split(split_tg, split_plan)
-    tg = tg.split_batch_norms()
-    return _mark_split(tg, tg.plan(tiles, cores=cores, memory_limit=memory_limit))
-
-
-def _mark_split(tg: TrainingGraph, plan) -> tuple[TrainingGraph, object]:
-    """``(tg, plan)`` with ``"split_norms": 1`` in the plan's tiles, so passing them back
-    repeats the split graph."""
-    if isinstance(plan.tiles, dict):
-        plan.tiles = {**plan.tiles, SPLIT_NORMS: 1}
-    return tg, plan
 
 
 def _const_inputs(graph: Graph) -> set[str]:
@@ -356,6 +207,7 @@ def build_training_graph(
     frozen: Iterable[str] = (),
     seed: int = 0,
     loss_options: Mapping | None = None,
+    fold: bool = True,
 ) -> TrainingGraph:
     """Assemble and bind the training graph of a model (see the module docstring).
 
@@ -369,13 +221,13 @@ def build_training_graph(
         frozen: initializer names that must not train.
         seed: seed of the random ops (Dropout).
         loss_options: keyword arguments of the loss (``weight``, ``ignore_index``).
+        fold: fold transposes of the last two axes into the matrix products that read
+            them (:mod:`dfdl.training.passes.fold_transpose`).
 
     Raises:
         ConfigError: no trainable parameters, unknown loss, frozen name unknown.
         ShapeError / UnsupportedOpError: as for :func:`dfdl.ir.bind.bind`.
     """
-    from dfdl.training import losses
-
     g = graph.copy()
     frozen = list(frozen)
     unknown = [f for f in frozen if f not in g.initializers]
@@ -456,8 +308,8 @@ def build_training_graph(
         if f"{buf}.next" in bound.types:
             new[buf] = f"{buf}.next"
     bound.outputs = [loss_name] + [new[k] for k in new]
-    if fold_transpose.FOLD:
-        fold_transpose.fold_transposes(bound)
+    if fold:
+        fold_transposes(bound)
     bound.prune()
     if any(k not in bound.inputs for k in params):
         raise DfdlError("internal: a trainable parameter was pruned")

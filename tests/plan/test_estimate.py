@@ -13,6 +13,7 @@ import dfdl.models
 from dfdl.errors import MemoryPlanError
 from dfdl.ir.onnx_io import to_ir
 from dfdl.ops.registry import TensorType
+from dfdl.plan.compile import plan_graph
 from dfdl.plan.estimate import (
     DASK_SPILL,
     DASK_TARGET,
@@ -36,7 +37,7 @@ def _training_plan(memory_limit=None):
         optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9),
         labels=TensorType((BATCH,), np.dtype("int64")),
     )
-    return tg.plan(memory_limit=memory_limit)
+    return plan_graph(tg, memory_limit=memory_limit)
 
 
 def test_training_working_set_counts_weights_state_gradients_and_kept_activations():

@@ -10,6 +10,7 @@ import pytest
 import dfdl
 from dfdl.errors import MemoryPlanError, PlanError
 from dfdl.models import ZOO
+from dfdl.plan.compile import plan_graph
 from dfdl.plan.tiling import (
     MIN_TILE_BYTES,
     MODEL_SPLIT_BYTES,
@@ -294,7 +295,7 @@ def _training_plan(name: str, batch: int, tiles, cores: int = 2):
         optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9),
         labels=TensorType((batch,), np.dtype("int64")),
     )
-    return tg, tg.plan(tiles, cores=cores)
+    return tg, plan_graph(tg, tiles, cores=cores)
 
 
 @pytest.mark.parametrize("tiles", [{"batch": 2}, {"batch": 2, "model": 1}])
@@ -381,7 +382,7 @@ def test_weight_gradients_larger_than_their_inputs_contract_the_whole_batch():
         optimizer=dfdl.optim.SGD(lr=0.1),
         labels=TensorType((64,), np.dtype("int64")),
     )
-    plan = tg.plan({"batch": 2})
+    plan = plan_graph(tg, {"batch": 2})
     grads = {
         p.node.name: p for p in plan.nodes if p.node.op_type == "Gemm" and p.node.phase == "bwd"
     }
@@ -488,6 +489,6 @@ def test_training_plan_respects_the_memory_limit():
         labels=TensorType((256,), np.dtype("int64")),
     )
     limit = 8 * 2**20
-    plan = tg.plan(None, cores=2, memory_limit=limit)
+    plan = plan_graph(tg, None, cores=2, memory_limit=limit)
     assert plan.peak_task()[1] <= limit * TASK_MEMORY_FRACTION
-    assert tg.plan(None, cores=2).peak_task()[1] > limit * TASK_MEMORY_FRACTION
+    assert plan_graph(tg, None, cores=2).peak_task()[1] > limit * TASK_MEMORY_FRACTION

@@ -1,0 +1,8 @@
+"""numba kernels for CPU workers: each module registers its kernels for device "cpu".
+
+Kernels receive tile arrays and the op's resolved parameters (:class:`dfdl.ops.registry.
+Kernel`); they never import the op modules, and the registry falls back to an op's numpy
+forward wherever a kernel does not accept the arrays.
+"""
+
+from __future__ import annotations

@@ -16,8 +16,6 @@ then dropped by the graph's pruning. The arithmetic is the same product, summed 
 in the order of the transposed layout, so results agree with the unfolded graph to
 rounding, not bit for bit, and stay independent of where tasks run.
 
-Switch :data:`FOLD` off to build the unfolded graph (for A/B measurements).
-
 Example:
     >>> n = fold_transposes(graph)  # doctest: +SKIP
 """
@@ -26,9 +24,6 @@ from __future__ import annotations
 
 from dfdl.ir.graph import Graph, Node
 from dfdl.ops.registry import DFDL_DOMAIN
-
-#: whether :func:`dfdl.training.graph.build_training_graph` folds transposes
-FOLD = True
 
 
 def _swaps_last_two(node: Node, rank: int) -> bool:

@@ -12,10 +12,9 @@ member, so results are bit for bit those of the ungrouped graph, and their outpu
 the members' names, so nothing downstream changes.
 
 A split BatchNorm's running statistics update (``dfdl.BatchNormRunning``) is grouped the
-same way, by :meth:`dfdl.training.graph.TrainingGraph.split_batch_norms` when
-:data:`GROUP_RUNNING` is on: its tasks took microseconds each, right where both threads
-wait on the merge of a layer's moments (ResNet: 145 -> 131 tasks per step, 0.675
-against 0.708 s).
+same way, by :meth:`dfdl.training.graph.TrainingGraph.split_batch_norms`: its tasks took
+microseconds each, right where both threads wait on the merge of a layer's moments
+(ResNet: 145 -> 131 tasks per step, 0.675 against 0.708 s).
 
 A group runs once all its members' gradients exist, at the end of the backward pass,
 where the first layers' gradients arrive anyway; the next step's forward reads the
@@ -38,9 +37,6 @@ from dfdl.ops.registry import DFDL_DOMAIN
 #: largest parameter (bytes) whose update joins a group: biases, normalization scales
 #: and small kernels; larger updates run long enough for their task's overhead
 GROUP_BYTES = 256 << 10
-#: whether a split BatchNorm's running statistics (``dfdl.BatchNormRunning``, one tiny
-#: task per normalization and step) update in groups too
-GROUP_RUNNING = True
 #: most parameter bytes in one group (its task holds each member's param, gradient,
 #: state and results whole: a few times this, within the smallest workers' budgets)
 GROUP_TOTAL_BYTES = 1 << 20

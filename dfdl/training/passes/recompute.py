@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dfdl.ir.graph import Graph, Node
-from dfdl.plan.estimate import node_flops
+from dfdl.ops.registry import node_cost
 
 #: the clones' phase: task keys read ``f"{node}.recompute-recompute"`` in the dashboard
 PHASE = "recompute"
@@ -130,7 +130,7 @@ def segments(graph: Graph, grad_of: Mapping[str, str], size: int | None = None) 
                 nodes=tuple(n.name for n in nodes),
                 activations=tuple(acts),
                 saved_bytes=sum(graph.types[a].nbytes for a in acts),
-                flops=sum(node_flops(n, graph.types) for n in rebuilt),
+                flops=sum(node_cost(n, graph.types).flops for n in rebuilt),
                 rebuilt=tuple(n.name for n in rebuilt),
                 signal=min(signals)[1],
             )

@@ -34,8 +34,6 @@ from dfdl.training.passes.fuse_norm_relu import FUSED, fuse_batch_norm_relu, unf
 
 #: op types whose whole-axis tasks the rewrite removes
 SPLITS = ("BatchNormalization", "BatchNormalizationGrad")
-#: whether a normalization's Relu runs inside its split ops (else as ops of its own)
-FUSE_RELU = True
 
 
 def _is_training_bn(n: Node) -> bool:
@@ -63,17 +61,18 @@ def splittable(graph: Graph, node_name: str) -> bool:
     )
 
 
-def split_batch_norms(graph: Graph) -> int:
+def split_batch_norms(graph: Graph, *, fuse_relu: bool = True) -> int:
     """Rewrite every training-mode BatchNormalization and its gradient, in place.
 
     Normalizations are first fused with the Relu that alone reads them
-    (:mod:`dfdl.training.passes.fuse_norm_relu`; with ``FUSE_RELU`` off, fused nodes are expanded
-    instead), and each fused pair splits into ops that apply the Relu inside.
+    (:mod:`dfdl.training.passes.fuse_norm_relu`), and each fused pair splits into ops that
+    apply the Relu inside; ``fuse_relu=False`` expands fused pairs instead, so the Relus
+    stay ops of their own (the same numbers; for comparisons).
 
     Returns:
         How many nodes were rewritten.
     """
-    if FUSE_RELU:
+    if fuse_relu:
         fuse_batch_norm_relu(graph)
     else:
         unfuse_batch_norm_relu(graph)

@@ -71,10 +71,8 @@ def test_onnx_default_perm_of_a_matrix_is_a_swap():
 
 
 @pytest.mark.parametrize("tiles", [{"batch": 2}, {"batch": 2, "model": 2}, {"model": 3}])
-def test_the_folded_transformer_step_gives_the_unfolded_numbers(tiles, monkeypatch):
-    monkeypatch.setattr(fold_transpose, "FOLD", False)
-    plain, values = _training("transformer")
-    monkeypatch.setattr(fold_transpose, "FOLD", True)
+def test_the_folded_transformer_step_gives_the_unfolded_numbers(tiles):
+    plain, values = _training("transformer", fold=False)
     folded, _ = _training("transformer")
     before = Counter(n.op_type for n in plain.graph.nodes)
     after = Counter(n.op_type for n in folded.graph.nodes)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from dfdl.training.graph import SPLIT_NORMS, plan_training
+from dfdl.plan.compile import SPLIT_NORMS, plan_training
 from dfdl.training.passes.fuse_norm_relu import fuse_batch_norm_relu, unfuse_batch_norm_relu
 from tests.training.passes.test_recompute import _assert_same_step, _training
 

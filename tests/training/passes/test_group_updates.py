@@ -9,7 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from dfdl.training.graph import TrainingGraph, plan_training
+from dfdl.plan.compile import plan_training
+from dfdl.training.graph import TrainingGraph
 from dfdl.training.passes import group_updates
 from tests.training.passes.test_recompute import _assert_same_step, _run, _training
 
@@ -31,13 +32,11 @@ def test_grouped_step_equals_the_ungrouped_step_bit_for_bit(name):
 
 
 @pytest.mark.parametrize("name", ["resnet", "unet3d"])
-def test_split_norms_update_their_running_statistics_in_a_group(name, monkeypatch):
+def test_split_norms_update_their_running_statistics_in_a_group(name):
     """One task per step for every split BatchNorm's running mean and variance instead
     of one per normalization, bit for bit the same step."""
     plain, values = _training(name)
-    monkeypatch.setattr(group_updates, "GROUP_RUNNING", False)
-    apart = plain.split_batch_norms()
-    monkeypatch.setattr(group_updates, "GROUP_RUNNING", True)
+    apart = plain.split_batch_norms(group_running=False)
     grouped = plain.split_batch_norms()
     n = _ops(apart)["BatchNormRunning"]
     assert n >= 4

@@ -11,6 +11,7 @@ import dfdl
 import dfdl.models
 from dfdl.ir.onnx_io import to_ir
 from dfdl.ops.registry import TensorType
+from dfdl.plan.compile import plan_graph
 from dfdl.plan.estimate import working_set
 from dfdl.taskgraph.lower import lower, tile_regions
 from dfdl.taskgraph.tile_exec import ready
@@ -29,7 +30,7 @@ MODELS = {
 BATCH = 4
 
 
-def _training(name: str):
+def _training(name: str, **build):
     graph = to_ir(dfdl.models.ZOO[name](**MODELS[name]))
     ((x_name, x),) = dfdl.models.example_inputs(name, batch=BATCH, **MODELS[name]).items()
     logits_shape = _logits_shape(graph, x_name, x)
@@ -40,6 +41,7 @@ def _training(name: str):
         loss="cross_entropy",
         optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9),
         labels=TensorType(y.shape, y.dtype),
+        **build,
     )
     values = {x_name: x, tg.labels: y, tg.scalars[0]: np.float32(0.1)}
     for p in tg.params + tg.buffers:
@@ -56,7 +58,7 @@ def _logits_shape(graph, x_name, x):
 
 def _run(tg, values, tiles, step=3):
     """Every output of one training step, computed by dask's synchronous scheduler."""
-    plan = tg.plan(tiles)
+    plan = plan_graph(tg, tiles)
     dsk, outs = lower(plan, plan_sources(plan, values), step=step, attrs=tg.seeds(0, step))
     result = {}
     for name in [tg.loss, *tg.new.values()]:
@@ -153,8 +155,8 @@ def test_recompute_waits_for_the_gradient_of_its_segment(name):
 def test_recompute_shrinks_the_working_set(name):
     tg, _ = _training(name)
     segs = tg.segments()
-    before = working_set(tg.plan({"batch": 1}))
-    after = working_set(tg.recompute(segs).plan({"batch": 1}))
+    before = working_set(plan_graph(tg, {"batch": 1}))
+    after = working_set(plan_graph(tg.recompute(segs), {"batch": 1}))
     saved = sum(s.saved_bytes for s in segs)
     biggest = max(s.saved_bytes for s in segs)
     assert after < before

@@ -11,8 +11,8 @@ import dfdl
 from dfdl.errors import MemoryPlanError
 from dfdl.ir.onnx_io import to_ir
 from dfdl.ops.registry import TensorType
-from dfdl.training.graph import SPLIT_NORMS_GAIN, build_training_graph, plan_training
-from dfdl.training.passes import split_norm
+from dfdl.plan.compile import SPLIT_NORMS_GAIN, plan_graph, plan_training
+from dfdl.training.graph import build_training_graph
 from dfdl.training.passes.split_norm import split_batch_norms
 from tests.training.passes.test_recompute import _assert_same_step, _run, _training
 
@@ -33,11 +33,9 @@ def test_split_step_equals_the_fused_step():
 @pytest.mark.parametrize(
     "name, tiles", [("resnet", {"batch": 2}), ("unet3d", {"batch": 2, "space": 3})]
 )
-def test_split_norms_keep_their_relus_inside_bit_for_bit(monkeypatch, name, tiles):
+def test_split_norms_keep_their_relus_inside_bit_for_bit(name, tiles):
     tg, values = _training(name)
-    monkeypatch.setattr(split_norm, "FUSE_RELU", False)
-    apart = tg.split_batch_norms()
-    monkeypatch.setattr(split_norm, "FUSE_RELU", True)
+    apart = tg.split_batch_norms(fuse_relu=False)
     inside = tg.split_batch_norms()
     ops = [n.op_type for n in inside.graph.nodes]
     relus = [n for n in inside.graph.nodes if n.op_type == "BatchNormApply" and n.attrs.get("relu")]
@@ -53,13 +51,13 @@ def test_split_norms_keep_their_relus_inside_bit_for_bit(monkeypatch, name, tile
 
 def test_split_batch_norm_tasks_split_batch_and_space():
     tg, _ = _training("unet3d")
-    plan = tg.split_batch_norms().plan({"batch": 2, "space": 2})
+    plan = plan_graph(tg.split_batch_norms(), {"batch": 2, "space": 2})
     for np_ in plan.nodes:
         if np_.node.op_type in ("BatchNormApply", "BatchNormGradApply"):
             assert np_.n_tiles() >= 4, np_.node.name
         if np_.node.op_type in ("BatchNormMoments", "BatchNormGradSums"):
             assert np_.n_partials() >= 4, np_.node.name
-    fused = tg.plan({"batch": 2, "space": 2})
+    fused = plan_graph(tg, {"batch": 2, "space": 2})
     bn = [p for p in fused.nodes if p.node.op_type == "BatchNormalization"]
     # each task holds the whole batch and volume of its channels; the channels split
     # by the batch factor instead (dfdl.plan.tiling._channels_for_batch)
@@ -89,7 +87,7 @@ def test_planner_splits_batch_norm_when_its_channels_do_not_fit():
     tg = _unet_training(base=2, volume=16)
     limit = 512 * 2**10
     with pytest.raises(MemoryPlanError) as err:
-        tg.plan(memory_limit=limit)
+        plan_graph(tg, memory_limit=limit)
     assert "BatchNormalization" in err.value.node
     split, plan = plan_training(tg, memory_limit=limit)
     assert split is not tg and plan.peak_task()[1] <= limit // 4
@@ -116,7 +114,7 @@ def test_split_leaves_inference_batch_norm_alone():
 def test_planner_splits_batch_norm_when_whole_channels_would_need_many_more_tasks():
     tg = _unet_training(base=4, volume=32)
     limit = 8 * 2**20
-    whole = tg.plan(memory_limit=limit)  # plannable, by splitting the 4 channels apart
+    whole = plan_graph(tg, memory_limit=limit)  # plannable, by splitting the 4 channels apart
     assert whole.tiles["model"] > 1
     split, plan = plan_training(tg, memory_limit=limit)
     assert split is not tg and plan.tiles["split_norms"] == 1
