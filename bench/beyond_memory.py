@@ -69,7 +69,7 @@ import dfdl
 import dfdl.models
 from dfdl.ir.onnx_io import to_ir
 from dfdl.ops.registry import TensorType
-from dfdl.plan.compile import plan_graph, plan_training
+from dfdl.plan.compile import Workers, choose_variant, plan_graph, training_plan
 from dfdl.plan.estimate import estimate_memory, working_set
 from dfdl.runtime.cluster import parse_memory, worker_memory_config
 from dfdl.training.graph import build_training_graph
@@ -388,11 +388,19 @@ def main(argv=None) -> int:
     size = work.sized(int(args.factor * cap), batch)
     tg = work.training_graph(size, batch)
     config = MANAGED_ONLY if args.managed_only else {}
-    # the plan counts the worker footprint with thresholds on, and dfdl's pause line
+    # the plan counts the worker footprint with thresholds on, and dfdl's pause line: as
+    # dfdl.train plans for these workers (dfdl.plan.compile)
+    workers = Workers(
+        cores=args.workers,
+        processes=args.workers,
+        memory_limit=limit,
+        thresholds={**config, **worker_memory_config()},
+    )
+    spilling = training_plan(tg, None, workers)
+    plan = spilling.plan
+    rc_plan = choose_variant(spilling, "recompute", workers).plan
     with dask.config.set(config), dask.config.set(worker_memory_config()):
-        tg, plan = plan_training(tg, None, cores=args.workers, memory_limit=limit)
         est = estimate_memory(plan, args.workers)
-        _, rc_plan = plan_training(tg.recompute(tg.segments()), plan.tiles, memory_limit=limit)
         rc_est = estimate_memory(rc_plan, args.workers)
     ws = est.working_set
     print(f"{work.name} {work.kwargs(size)}, batch {batch}, {args.steps} steps")

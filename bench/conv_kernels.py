@@ -6,8 +6,8 @@ each layout (``channels_first``: im2col over image rows; ``channels_last``: the 
 :mod:`dfdl.ops.cpu.conv` takes for small images; ``direct``: the stencil kernels of
 :mod:`dfdl.ops.cpu.conv_direct`, on the shapes they can run whatever their channel
 limits; ``winograd``: the F(2x2, 3x3) kernels of :mod:`dfdl.ops.cpu.winograd`, on
-the shapes they take, with the other arms' weight gradients; ``auto``: what it picks;
-every other arm runs with Winograd off) and, when
+the shapes they take; each of these named to :func:`dfdl.ops.cpu.conv.run_conv` and its
+gradient siblings; ``auto``: what the registered CPU kernels pick) and, when
 torch is installed, ``torch.nn.functional.conv{2,3}d`` and its input and weight
 gradients (``torch.nn.grad``, timed in a process of its own, so that PyTorch's MKL and
 dfdl's do not share one), all on one thread (numpy's BLAS limited with
@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from dfdl.ops import REGISTRY
 from dfdl.ops.cpu import blas, conv, conv_direct, winograd
 
 #: (name, X shape, W shape, stride): ResNet tiles (batch 128 in 2 tiles) and U-Net tiles
@@ -49,6 +50,8 @@ SHAPES = [
 ]
 
 LAYOUTS = ("channels_first", "channels_last", "direct", "winograd", "auto")
+#: the params of a Conv that winograd.applies takes, in its order
+GEOMETRY = ("strides", "dilations", "group", "pads_begin", "pads_end")
 
 
 def best_of(fn, repeat: int) -> float:
@@ -61,55 +64,71 @@ def best_of(fn, repeat: int) -> float:
     return best
 
 
+#: the implementation each arm but ``auto`` names (:data:`dfdl.ops.cpu.conv.ALGORITHMS`)
+ALGORITHM = {
+    "channels_first": "im2col",
+    "channels_last": "im2col",
+    "direct": "direct",
+    "winograd": "winograd",
+}
+
+
+def _direct_runs(x, w, params) -> bool:
+    """Whether the direct kernels can run this geometry, whatever their channel, size and
+    border limits."""
+    names = ("MIN_CHANNELS", "MAX_CHANNEL_PRODUCT", "MAX_GRID_WASTE", "MIN_POSITIONS")
+    limits = {k: getattr(conv_direct, k) for k in names}
+    conv_direct.MIN_CHANNELS, conv_direct.MAX_CHANNEL_PRODUCT = 1, 1 << 62
+    conv_direct.MAX_GRID_WASTE, conv_direct.MIN_POSITIONS = float("inf"), 1
+    try:
+        return conv.algorithm(x.shape, w.shape, x.dtype, **params) == "direct"
+    finally:
+        for k, v in limits.items():
+            setattr(conv_direct, k, v)
+
+
 def dfdl_rates(x, w, attrs, layout: str, repeat: int) -> dict[str, float] | None:
     """Seconds per call of the three kernels in ``layout`` (None: the layout cannot run
     this shape)."""
-    real_cl, real_direct = conv._cl_samples, conv_direct.applies
-    names = ("MIN_CHANNELS", "MAX_CHANNEL_PRODUCT", "MAX_GRID_WASTE", "MIN_POSITIONS")
-    limits = {k: getattr(conv_direct, k) for k in names}
-    winograd_on = winograd.ENABLED
-    if layout != "auto":
-        conv_direct.applies = lambda *a: False
-        winograd.ENABLED = layout == "winograd"
-    if layout == "winograd":
-        nd = x.ndim - 2
-        geo = (attrs["strides"], [1] * nd, 1, attrs["pads"][:nd], attrs["pads"][nd:])
-        if not winograd.applies(x.shape, w.shape, *geo, x.dtype):
-            layout = None
+    fwd_op, dx_op, dw_op = (
+        REGISTRY[k] for k in ("Conv", "dfdl.ConvGradInput", "dfdl.ConvGradWeight")
+    )
+    params = fwd_op.params(x, w, **attrs)
+    y = fwd_op.kernel("cpu")(x, w, **attrs)
+    dx_attrs = {**attrs, "input_shape": list(x.shape)}
+    dw_attrs = {**attrs, "weight_shape": list(w.shape)}
+    if layout == "auto":
+        calls = {
+            "fwd": lambda: fwd_op.kernel("cpu")(x, w, **attrs),
+            "dW": lambda: dw_op.kernel("cpu")(x, y, **dw_attrs),
+            "dX": lambda: dx_op.kernel("cpu")(y, w, **dx_attrs),
+        }
+        return {k: best_of(fn, repeat) for k, fn in calls.items()}
+    algo = ALGORITHM[layout]
+    if algo == "winograd" and not winograd.applies(
+        x.shape, w.shape, *(params[k] for k in GEOMETRY), x.dtype
+    ):
+        return None
+    if algo == "direct" and not _direct_runs(x, w, params):
+        return None
+    dx_params = dx_op.params(y, w, **dx_attrs)
+    dw_params = dw_op.params(x, y, **dw_attrs)
+    calls = {
+        "fwd": lambda: conv.run_conv(algo, x, w, **params),
+        "dW": lambda: conv.run_grad_weight(algo, x, y, **dw_params),
+        "dX": lambda: conv.run_grad_input(algo, y, w, **dx_params),
+    }
+    real_cl = conv._cl_samples
     if layout == "channels_first":
         conv._cl_samples = lambda *a: 0
     elif layout == "channels_last":
         conv._cl_samples = lambda npos, kk, channels, itemsize: max(
             1, conv.COLS_BYTES // max(1, npos * kk * itemsize)
         )
-    elif layout == "direct":
-        conv_direct.MIN_CHANNELS, conv_direct.MAX_CHANNEL_PRODUCT = 1, 1 << 62
-        conv_direct.MAX_GRID_WASTE, conv_direct.MIN_POSITIONS = float("inf"), 1
-        conv_direct.applies = real_direct
-        nd = x.ndim - 2
-        geo = (attrs["strides"], [1] * nd, 1, attrs["pads"][:nd], attrs["pads"][nd:])
-        if not real_direct(x.shape, w.shape, *geo, x.shape[2:], x.dtype):
-            layout = None
     try:
-        if layout is None:
-            return None
-        y = conv.conv_cpu(x, w, **attrs)
-        return {
-            "fwd": best_of(lambda: conv.conv_cpu(x, w, **attrs), repeat),
-            "dW": best_of(
-                lambda: conv.conv_grad_weight_cpu(x, y, weight_shape=list(w.shape), **attrs),
-                repeat,
-            ),
-            "dX": best_of(
-                lambda: conv.conv_grad_input_cpu(y, w, input_shape=list(x.shape), **attrs),
-                repeat,
-            ),
-        }
+        return {k: best_of(fn, repeat) for k, fn in calls.items()}
     finally:
-        conv._cl_samples, conv_direct.applies = real_cl, real_direct
-        winograd.ENABLED = winograd_on
-        for k, v in limits.items():
-            setattr(conv_direct, k, v)
+        conv._cl_samples = real_cl
 
 
 def torch_rates(x, w, stride: int, repeat: int) -> dict[str, float] | None:

@@ -399,9 +399,10 @@ def make_data(name: str, kw: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def train_streamed(client, model, x, y, batch: int, kind: str, okw: dict, steps: int):
+def train_streamed(client, model, x, y, batch: int, kind: str, okw: dict, steps: int, engine=None):
     """One ``steps``-step ``dfdl.train`` call on ``client`` under Dask's task stream, as
-    every dfdl measurement here runs it; returns ``(TrainResult, task-stream records)``."""
+    every dfdl measurement here runs it (with ``engine``: :class:`dfdl.EngineOptions`);
+    returns ``(TrainResult, task-stream records)``."""
     from distributed import get_task_stream
 
     client.run(_trace_gangs, True)
@@ -416,6 +417,7 @@ def train_streamed(client, model, x, y, batch: int, kind: str, okw: dict, steps:
                 shuffle=False,
                 client=client,
                 progress=False,
+                engine=engine,
             )
     finally:
         traces = client.run(_trace_gangs, False)

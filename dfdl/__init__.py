@@ -1,5 +1,11 @@
 """dfdl: train deep neural networks given as ONNX on Dask clusters, without memory limits.
 
+The public API is what ``import dfdl`` gives: :func:`train`, :func:`run`, :func:`plan`,
+:func:`load`, :func:`training_graph`, :class:`TrainResult`, :class:`EngineOptions`,
+:func:`LocalCluster`, :mod:`dfdl.cluster`, :mod:`dfdl.optim`, :mod:`dfdl.errors` and the
+ONNX backend :data:`backend`; everything else is internal. Importing dfdl starts no
+cluster and does not load MKL (:mod:`dfdl.ops.cpu.blas`).
+
 Example:
     >>> import dfdl, dfdl.models, numpy as np
     >>> out = dfdl.run(dfdl.models.mlp((4, 8, 3)), {"x": np.ones((2, 4), "float32")})
@@ -8,10 +14,11 @@ Example:
 from __future__ import annotations
 
 from dfdl import cluster, errors, optim
-from dfdl.api import load, plan, run
+from dfdl.api import load, plan, run, train, training_graph
 from dfdl.onnx_backend import DfdlBackend
 from dfdl.runtime.cluster import local_cluster as LocalCluster
-from dfdl.runtime.session import TrainResult, train, training_graph
+from dfdl.runtime.result import TrainResult
+from dfdl.runtime.session import EngineOptions
 
 #: the ONNX backend (``onnx.backend.test.BackendTest(dfdl.backend, __name__)``)
 backend = DfdlBackend
@@ -19,6 +26,7 @@ backend = DfdlBackend
 __version__ = "0.1.0"
 
 __all__ = [
+    "EngineOptions",
     "LocalCluster",
     "TrainResult",
     "backend",

@@ -1,18 +1,34 @@
-"""Public entry points: :func:`plan` and :func:`run` (inference on a Dask cluster)."""
+"""dfdl's public entry points: :func:`train`, :func:`training_graph`, :func:`run`,
+:func:`plan` and :func:`load`.
+
+Each is the pipeline read top to bottom: load and check the model (:mod:`dfdl.ir`),
+build (:mod:`dfdl.training`) and plan (:mod:`dfdl.plan`), then run on a cluster
+(:mod:`dfdl.runtime`): the client given, or the embedded one. An unusable model or
+argument is a :class:`dfdl.errors.DfdlError` raised before any task reaches a
+scheduler. Runs are deterministic: the same model, data, arguments and ``tiles`` give
+the same values bit for bit (on the same BLAS library, :mod:`dfdl.ops.cpu.blas`).
+
+Example:
+    >>> import dfdl, dfdl.models, numpy as np
+    >>> out = dfdl.run(dfdl.models.mlp((4, 8, 3)), {"x": np.ones((2, 4), "float32")})
+    >>> out["logits"].shape
+    (2, 3)
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-import dask
 import numpy as np
+import onnx
 
 from dfdl.errors import ShapeError
-from dfdl.ir.bind import bind
 from dfdl.ir.graph import Graph
-from dfdl.ir.onnx_io import ModelLike, load_model, to_ir
+from dfdl.ir.onnx_io import ModelLike, from_ir, load_model, to_ir
 from dfdl.ops.registry import TensorType
-from dfdl.plan.tiling import Plan, make_plan
+from dfdl.plan.compile import Workers, inference_plan
+from dfdl.plan.tiling import Plan
 from dfdl.runtime.cluster import (
     connect,
     default_workers,
@@ -21,6 +37,10 @@ from dfdl.runtime.cluster import (
     worker_memory_config,
 )
 from dfdl.runtime.executor import execute
+from dfdl.runtime.result import TrainResult
+from dfdl.runtime.session import EngineOptions, TrainingSession, train_config
+from dfdl.training.graph import build_training_graph
+from dfdl.training.optimizers import SGD
 
 
 def load(model: ModelLike) -> Graph:
@@ -93,14 +113,12 @@ def plan(
         True
     """
     graph = load(model)
-    bound = bind(graph, _input_types(graph, batch_size, dims))
-    with dask.config.set(worker_memory_config()):  # the thresholds of dfdl's clusters
-        return make_plan(
-            bound,
-            tiles,
-            cores=workers or default_workers(),
-            memory_limit=parse_memory(memory_limit),
-        )
+    on = Workers(
+        cores=workers or default_workers(),
+        memory_limit=parse_memory(memory_limit),
+        thresholds=worker_memory_config(),  # the thresholds of dfdl's clusters
+    )
+    return inference_plan(graph, _input_types(graph, batch_size, dims), tiles, on)
 
 
 def feed_types(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, TensorType]:
@@ -127,8 +145,9 @@ def run(
     Args:
         model: ONNX path, bytes or ModelProto.
         inputs: ``{input name: numpy array}``.
-        client: a ``distributed.Client``; None starts an embedded LocalCluster (one
-            worker process per core) and shuts it down afterwards.
+        client: a ``distributed.Client``; None uses the embedded cluster (one worker
+            process with a thread per core, started at the first call in a process and
+            reused by later calls).
         tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
             (``space``: slabs along the first spatial axis of convolutions/pools;
             optionally ``"min_weight_tile"``: bytes below which a weight's model tiles
@@ -146,8 +165,144 @@ def run(
     graph = load(model)
     types = feed_types(graph, inputs)  # ShapeError (not AttributeError) for a non-dict
     feeds = {k: np.asarray(v) for k, v in inputs.items()}
-    bound = bind(graph, types, values=feeds)
     cores = total_threads(client) if client is not None else default_workers()
-    p = make_plan(bound, tiles, cores=cores)
+    p = inference_plan(graph, types, tiles, Workers(cores=cores), values=feeds)
     with connect(client) as c:
         return execute(p, feeds, c)
+
+
+def train(
+    model: ModelLike,
+    data,
+    loss: str = "cross_entropy",
+    optimizer=None,
+    batch_size: int = 64,
+    epochs: int = 1,
+    steps: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    validation=None,
+    client=None,
+    tiles=None,
+    checkpoint_dir=None,
+    checkpoint_every: int | None = None,
+    progress: bool = True,
+    *,
+    resume: bool = False,
+    frozen: Iterable[str] = (),
+    drop_last: bool = False,
+    unroll: int | None = None,
+    loss_options: Mapping[str, Any] | None = None,
+    memory: str = "auto",
+    engine: EngineOptions | None = None,
+) -> TrainResult:
+    """Train ``model`` on ``data`` on a Dask cluster.
+
+    Args:
+        model: ONNX path, bytes or ModelProto.
+        data: ``(X, y)`` (numpy arrays, dask arrays or ``.npy`` paths); or ``X`` alone
+            when ``loss`` names a model output.
+        loss: "cross_entropy", "mse", "bce_with_logits", "dice", or the name of a
+            model output that already is the loss.
+        optimizer: a :mod:`dfdl.optim` optimizer (default ``SGD(lr=0.01)``).
+        batch_size: samples per step.
+        epochs: passes over the data.
+        steps: stop after this many steps (default: ``epochs`` full passes).
+        shuffle: reshuffle every epoch from ``seed``; False keeps the order.
+        seed: seed of the data order and of Dropout masks.
+        validation: ``(X_val, y_val)`` evaluated (inference mode) after each epoch.
+        client: a ``distributed.Client``; None uses the embedded cluster (started at
+            the first call in a process, reused by later calls).
+        tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
+            (``space``: slabs along the first spatial axis of convolutions/pools;
+            ``"split_norms": 1`` tiles BatchNormalization over batch and space too;
+            ``"min_weight_tile"``: bytes below which a weight's model tiles keep its
+            outputs' model axes whole, as the automatic tiles do).
+        checkpoint_dir: where checkpoints go; with ``checkpoint_every`` steps.
+        checkpoint_every: steps between checkpoints.
+        progress: a tqdm bar on a terminal (steps, loss, samples/s).
+        resume: continue from the latest checkpoint in ``checkpoint_dir``.
+        frozen: initializer names that must not train.
+        drop_last: drop the last partial batch of each epoch.
+        unroll: steps per graph submission (default 4).
+        loss_options: ``weight`` (class weights) and ``ignore_index`` for cross_entropy.
+        memory: how the activations the backward pass reads are kept: ``"spill"`` (in
+            the workers' memory, spilled to their disks beyond the limit),
+            ``"recompute"`` (forward segments of about √n nodes rebuilt in the backward
+            pass from checkpoints, see :mod:`dfdl.training.passes.recompute`), or
+            ``"auto"``: spill unless the plan's estimate spills, then recompute the
+            segments that are faster to recompute than to spill (rates measured on the
+            workers). The numbers are the same bit for bit whichever is chosen.
+        engine: the engine's choices for measurements
+            (:class:`dfdl.runtime.session.EngineOptions`); the defaults are the measured
+            best and no choice changes a result.
+
+    Returns:
+        :class:`~dfdl.runtime.result.TrainResult`.
+
+    Example:
+        >>> result = dfdl.train("mlp.onnx", data=(X, y), loss="cross_entropy",  # doctest: +SKIP
+        ...                     optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9))
+        >>> result.save("mlp-trained.onnx")                                       # doctest: +SKIP
+    """
+    config = train_config(
+        loss=loss,
+        optimizer=optimizer,
+        batch_size=batch_size,
+        epochs=epochs,
+        steps=steps,
+        shuffle=shuffle,
+        seed=seed,
+        tiles=tiles,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        progress=progress,
+        resume=resume,
+        frozen=frozen,
+        drop_last=drop_last,
+        unroll=unroll,
+        loss_options=loss_options,
+        memory=memory,
+        engine=engine,
+    )
+    return TrainingSession(model, data, config, validation).run(client)
+
+
+def training_graph(
+    model: ModelLike,
+    loss: str = "cross_entropy",
+    optimizer=None,
+    *,
+    batch_size: int = 1,
+    labels_shape: tuple[int, ...] | None = None,
+    labels_dtype=np.int64,
+    frozen: Iterable[str] = (),
+) -> onnx.ModelProto:
+    """The training graph (forward, loss, backward, update) as an ONNX model.
+
+    The model passes ``onnx.checker``; dfdl's backward ops live in the ``dfdl`` domain,
+    declared in the opset imports. Open it in a model viewer (Netron) to see what
+    ``dfdl.train`` runs.
+
+    Example:
+        >>> m = dfdl.training_graph(dfdl.models.mlp(), "cross_entropy",  # doctest: +SKIP
+        ...                         dfdl.optim.SGD(lr=0.1, momentum=0.9))
+    """
+    optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
+    graph = to_ir(load_model(model))
+    declared, dtype = graph.declared[graph.inputs[0]]
+    shape = tuple(batch_size if not isinstance(d, int) else d for d in declared)
+    labels = None
+    if loss not in graph.outputs:
+        labels = TensorType(labels_shape or (batch_size,), labels_dtype)
+    tg = build_training_graph(
+        graph,
+        {graph.inputs[0]: TensorType(shape, dtype)},
+        loss=loss,
+        optimizer=optimizer,
+        labels=labels,
+        frozen=frozen,
+    )
+    m = from_ir(tg.graph, symbolic=False)
+    onnx.checker.check_model(m)
+    return m

@@ -1,5 +1,11 @@
 """Clusters to train on: the embedded local one and SLURM jobs (the public names).
 
+``dfdl.cluster.local`` is :func:`dfdl.runtime.cluster.local_cluster` (also
+``dfdl.LocalCluster``) and ``dfdl.cluster.slurm`` is :func:`dfdl.runtime.slurm.slurm`:
+both start Dask clusters whose workers run dfdl's worker setup, for
+``dfdl.train(..., client=Client(cluster))``. :func:`parse_slurm` reads the command
+line's ``--slurm`` settings (:data:`SLURM_KEYS`).
+
 Example:
     >>> import dfdl
     >>> from distributed import Client

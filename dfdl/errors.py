@@ -1,7 +1,10 @@
 """dfdl's exceptions: each names what is wrong (node, op, input) and what to do.
 
-All derive from :class:`DfdlError`, and every one of them is raised while a model is
-loaded or planned, before any task reaches a Dask scheduler.
+All derive from :class:`DfdlError` (and from the built-in exception they refine, such
+as ``ValueError``), so ``except dfdl.errors.DfdlError`` catches every error dfdl raises
+on purpose. Model, shape, plan and configuration errors are raised while a model is
+loaded or planned, before any task reaches a Dask scheduler; :class:`TrainingError`
+(and a failed tile task's :class:`dfdl.taskgraph.tile_exec.TileError`) while it runs.
 
 Example:
     >>> import dfdl

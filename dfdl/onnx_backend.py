@@ -1,5 +1,13 @@
 """dfdl as an ONNX backend, so ONNX's own backend test suite runs through dfdl.
 
+:class:`DfdlBackend` (``dfdl.backend``) follows ``onnx.backend.base.Backend``:
+``prepare(model)`` loads and checks the model, and the :class:`DfdlRep` it returns
+plans each call for its inputs' shapes (:func:`dfdl.plan.compile.inference_plan`) and
+runs it as tiled tasks, returning the outputs in graph order: on the ``client=`` given
+to ``prepare``, or on one embedded cluster that every backend call of the process
+shares (:func:`shared_client`). Only the CPU device is supported;
+:meth:`DfdlBackend.with_tiles` fixes a tiling for test suites.
+
 Example:
     >>> import onnx.backend.test
     >>> import dfdl
@@ -16,8 +24,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from dfdl.api import feed_types, load
-from dfdl.ir.bind import bind
-from dfdl.plan.tiling import make_plan
+from dfdl.plan.compile import Workers, inference_plan
 from dfdl.runtime.cluster import local_cluster, total_threads
 from dfdl.runtime.executor import execute
 
@@ -65,9 +72,10 @@ class DfdlRep(BackendRep):
                 inputs = [inputs]
             feeds = dict(zip(self.graph.inputs, inputs))
         feeds = {k: np.asarray(v) for k, v in feeds.items()}
-        bound = bind(self.graph, feed_types(self.graph, feeds), values=feeds)
         client = self.client or shared_client()
-        plan = make_plan(bound, self.tiles, cores=total_threads(client))
+        types = feed_types(self.graph, feeds)
+        workers = Workers(cores=total_threads(client))
+        plan = inference_plan(self.graph, types, self.tiles, workers, values=feeds)
         out = execute(plan, feeds, client)
         return tuple(out[name] for name in self.graph.outputs)
 

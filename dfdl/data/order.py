@@ -1,4 +1,15 @@
-"""Which samples go into which step: per-epoch shuffles from the seed, drop_last."""
+"""Which samples go into which step: per-epoch shuffles from the seed, drop_last.
+
+:func:`batch_plan` yields ``(step, epoch, sample indices)`` for every step from
+``start``; :func:`epoch_order` shuffles each epoch by a generator seeded with
+``(seed, epoch)``. Guarantee: the order depends only on the sample count, the batch
+size, the seed and the flags, so a run resumed from a checkpoint at step ``start`` (or
+replayed after a lost worker) gets the same batches as one that never stopped.
+
+Example:
+    >>> steps_per_epoch(10, 4, drop_last=False), steps_per_epoch(10, 4, drop_last=True)
+    (3, 2)
+"""
 
 from __future__ import annotations
 

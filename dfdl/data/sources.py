@@ -2,7 +2,14 @@
 
 Files are read by the workers, batch tile by batch tile: the client opens a ``.npy``
 file (memory-mapped) or a zarr array only to read its shape and dtype, and each batch
-tile task reads its own rows on the worker.
+tile task reads its own rows on the worker. :func:`as_source` wraps any of them in an
+:class:`ArraySource` (length, shape, dtype, ``take`` of sample indices); a batch read
+from a file holds exactly the values of the same rows of the array in memory.
+
+Example:
+    >>> src = as_source(np.zeros((6, 3), np.float32), "X")
+    >>> len(src), src.take(np.array([0, 2])).shape
+    (6, (2, 3))
 """
 
 from __future__ import annotations

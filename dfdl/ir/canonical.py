@@ -2,8 +2,15 @@
 
 Ops in ``dfdl.ops`` implement the opset-21 form of each op. Models written for
 opsets 13 to 20 differ only in where some parameters live (an ``axes`` attribute
-that later became an input, BatchNormalization-9's training outputs); this module moves
-them, so that no op has to know about opset versions.
+that later became an input, BatchNormalization-9's training outputs);
+:func:`canonicalize_node` moves them, so that no op has to know about opset versions.
+The rewritten node computes what the original did under its own opset.
+
+Example:
+    >>> g = Graph("g", ["x"], ["y"], [])
+    >>> node = Node("r", "ReduceMean", ["x"], ["y"], attrs={"axes": [1]})
+    >>> canonicalize_node(node, 13, g)[0].inputs, g.initializers["r__axes"]
+    (['x', 'r__axes'], array([1]))
 """
 
 from __future__ import annotations

@@ -1,4 +1,15 @@
-"""Model zoo: ONNX builders (pure ``onnx.helper``) with PyTorch twins in :mod:`.torch_twins`."""
+"""Model zoo: ONNX builders (pure ``onnx.helper``) with PyTorch twins in :mod:`.torch_twins`.
+
+:data:`ZOO` maps a name to its builder (:func:`mlp`, :func:`resnet`, :func:`unet3d`,
+:func:`transformer`); each returns a checked ``onnx.ModelProto`` whose weights a seed
+fixes, with PyTorch's initial weight distributions and ``state_dict`` names.
+:func:`example_inputs` gives random inputs of the right shapes for any of them. The
+benchmarks, the tests and the documentation's examples train these models.
+
+Example:
+    >>> {name: arr.shape for name, arr in example_inputs("resnet").items()}
+    {'x': (2, 3, 32, 32)}
+"""
 
 from __future__ import annotations
 

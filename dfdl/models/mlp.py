@@ -1,4 +1,13 @@
-"""Multi-layer perceptron: Gemm + Relu, torch ``nn.Linear`` layout."""
+"""Multi-layer perceptron: Gemm + Relu, torch ``nn.Linear`` layout.
+
+:func:`mlp` builds ``x (batch, sizes[0]) -> logits (batch, sizes[-1])`` with a Relu
+between layers; the batch axis is symbolic, and the weights follow from ``seed``.
+
+Example:
+    >>> m = mlp((4, 8, 3))
+    >>> [i.name for i in m.graph.input], [o.name for o in m.graph.output]
+    (['x'], ['logits'])
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,16 @@
-"""Small ResNet (basic blocks) for images, torch ``nn.Conv2d``/``nn.BatchNorm2d`` layout."""
+"""Small ResNet (basic blocks) for images, torch ``nn.Conv2d``/``nn.BatchNorm2d`` layout.
+
+:func:`resnet` builds ``x (batch, in_channels, image_size, image_size) -> logits (batch,
+num_classes)``: a 3x3 stem with BatchNormalization, Relu and a 2x2 max pool, then
+stages of basic blocks (3x3 convolutions with BatchNormalization and Relu, 1x1
+projection shortcuts where channels or stride change), global average pooling and a
+Gemm head.
+The weights follow from ``seed``.
+
+Example:
+    >>> [o.name for o in resnet().graph.output]
+    ['logits']
+"""
 
 from __future__ import annotations
 

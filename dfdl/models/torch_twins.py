@@ -4,6 +4,12 @@ Each twin has the structure of its ONNX builder and a ``state_dict`` whose names
 equal the builder's parameter initializers, so :func:`load_onnx_weights` makes the two
 compute the same function. torch is imported lazily: this module imports without it, and
 the classes (``MLP``, ``ResNet``, ``UNet3D``, ``Transformer``) are created on first access.
+:func:`export` writes a twin through torch's exporter, for testing what torch exports.
+
+Example:
+    >>> import dfdl.models
+    >>> m = dfdl.models.mlp((4, 3))
+    >>> module = load_onnx_weights(twin("mlp", sizes=(4, 3)), m)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import types
 import onnx
 from onnx import numpy_helper
 
+from dfdl.models import ZOO
+
 _CLASS_NAMES = {"mlp": "MLP", "resnet": "ResNet", "unet3d": "UNet3D", "transformer": "Transformer"}
 
 
@@ -27,8 +35,6 @@ def twin(name: str, **model_kwargs):
     ``seed`` and ``opset`` are accepted and ignored: weights come from
     :func:`load_onnx_weights`.
     """
-    from dfdl.models import ZOO
-
     bound = inspect.signature(ZOO[name]).bind(**model_kwargs)
     bound.apply_defaults()
     kwargs = {k: v for k, v in bound.arguments.items() if k not in ("seed", "opset")}

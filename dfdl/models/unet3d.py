@@ -1,4 +1,14 @@
-"""3-D U-Net for volumes, torch ``nn.Conv3d``/``nn.ConvTranspose3d`` layout."""
+"""3-D U-Net for volumes, torch ``nn.Conv3d``/``nn.ConvTranspose3d`` layout.
+
+:func:`unet3d` builds ``x (batch, in_channels, D, H, W) -> logits (batch, num_classes,
+D, H, W)``: per level two 3x3x3 convolutions with BatchNormalization and Relu, 2x2x2 max
+pools going down, 2x2x2 transposed convolutions and concatenated skips going up, and a
+1x1x1 convolution to the classes. The weights follow from ``seed``.
+
+Example:
+    >>> [o.name for o in unet3d().graph.output]
+    ['logits']
+"""
 
 from __future__ import annotations
 

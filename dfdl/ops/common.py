@@ -1,4 +1,14 @@
-"""Shape and tile rules shared by many ops (elementwise, pass-through, untiled)."""
+"""Shape and tile rules shared by many ops (elementwise, pass-through, untiled).
+
+The shape rules (:func:`same_shape`, :func:`broadcast_shape`, :func:`broadcast_bool`)
+give an op's output types from its input types; the tile rules give every output axis
+a letter (:func:`elementwise_tile`: inputs broadcast along the same letters) or none
+(:func:`whole_tile`: the op runs on whole tensors). This module registers no op.
+
+Example:
+    >>> letters(3), normalize_axis(-1, 3)
+    ('abc', 2)
+"""
 
 from __future__ import annotations
 

@@ -5,12 +5,19 @@ VJPs and the backward ops ``dfdl.ConvGradInput`` (a Conv's dX) and ``dfdl.ConvGr
 The numpy forwards loop over kernel offsets and contract channels with einsum over a
 padded input (Conv, ConvGradWeight) or scatter into a full-size output (ConvTranspose,
 ConvGradInput); they are the oracle for the numba im2col/col2im kernels in
-``dfdl.ops.cpu.conv``.
+``dfdl.ops.cpu.conv``, which receive the params rules' resolved geometry
+(:func:`conv_params` and its siblings).
 
 Gradients: a Conv's dX is the transposed convolution of dY with the same W
 (ConvGradInput), its dW correlates X with dY (ConvGradWeight, batch axis contracted) and
 dB sums dY over batch and space. A ConvTranspose's dX is a Conv of dY with its W, and its
 dW is a ConvGradWeight with the roles of X and dY swapped.
+
+Example:
+    >>> from dfdl.ops import REGISTRY
+    >>> x = w = np.ones((1, 1, 3, 3), np.float32)
+    >>> REGISTRY["Conv"].forward(x, w)
+    array([[[[9.]]]], dtype=float32)
 """
 
 from __future__ import annotations
@@ -22,12 +29,6 @@ import numpy as np
 
 from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
 from dfdl.ops import halo
-from dfdl.ops.cpu.conv import (
-    conv_cpu,
-    conv_grad_input_cpu,
-    conv_grad_weight_cpu,
-    conv_transpose_cpu,
-)
 from dfdl.ops.registry import (
     Cost,
     TensorType,
@@ -178,6 +179,152 @@ def _check_types(op, x, w, b, m):
         raise ShapeError(f"{op}: B has shape {b.shape}, expected ({m},)", name="B")
 
 
+def _geometry_params(geo: Geometry, group) -> dict:
+    return {
+        "kernel_shape": geo.kernel,
+        "strides": geo.strides,
+        "dilations": geo.dilations,
+        "pads_begin": geo.pads_begin,
+        "pads_end": geo.pads_end,
+        "out_spatial": geo.out,
+        "group": int(group),
+    }
+
+
+def conv_params(
+    X,
+    W,
+    B=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+) -> dict:
+    """The Conv kernels' parameters: :func:`conv_geometry`'s kernel, strides, dilations,
+    pads and output size (``kernel_shape``, ..., ``out_spatial``) and ``group``.
+
+    Example:
+        >>> x, w = np.ones((1, 2, 5, 5), np.float32), np.ones((4, 2, 3, 3), np.float32)
+        >>> conv_params(x, w, pads=[1, 1, 1, 1], strides=[2, 2])["out_spatial"]
+        (3, 3)
+    """
+    geo = conv_geometry(
+        X.shape,
+        W.shape,
+        auto_pad=auto_pad,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    return _geometry_params(geo, group)
+
+
+def conv_transpose_params(
+    X,
+    W,
+    B=None,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    output_padding=None,
+    output_shape=None,
+    pads=None,
+    strides=None,
+) -> dict:
+    """The ConvTranspose kernels' parameters: :func:`conv_transpose_geometry` as
+    :func:`conv_params` gives a Conv's, and ``group``.
+
+    Example:
+        >>> x, w = np.ones((1, 2, 3, 3), np.float32), np.ones((2, 4, 3, 3), np.float32)
+        >>> conv_transpose_params(x, w, strides=[2, 2])["out_spatial"]
+        (7, 7)
+    """
+    geo = conv_transpose_geometry(
+        X.shape,
+        W.shape,
+        auto_pad=auto_pad,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        output_padding=output_padding,
+        output_shape=output_shape,
+        pads=pads,
+        strides=strides,
+    )
+    return _geometry_params(geo, group)
+
+
+def conv_grad_input_params(
+    dY,
+    W,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    input_shape=None,
+) -> dict:
+    """The ConvGradInput kernels' parameters: the forward Conv's geometry (as
+    :func:`conv_params`) and ``input_shape``, the shape of dX, as a tuple.
+
+    Example:
+        >>> dy, w = np.ones((1, 4, 3, 3), np.float32), np.ones((4, 2, 3, 3), np.float32)
+        >>> conv_grad_input_params(dy, w, pads=[1] * 4, input_shape=[1, 2, 3, 3])["input_shape"]
+        (1, 2, 3, 3)
+    """
+    shape = tuple(int(v) for v in input_shape)
+    geo = conv_geometry(
+        shape,
+        W.shape,
+        auto_pad=auto_pad,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    return {**_geometry_params(geo, group), "input_shape": shape}
+
+
+def conv_grad_weight_params(
+    X,
+    dY,
+    *,
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    weight_shape=None,
+) -> dict:
+    """The ConvGradWeight kernels' parameters: the forward Conv's geometry (as
+    :func:`conv_params`) and ``weight_shape``, the shape of dW, as a tuple.
+
+    Example:
+        >>> x, dy = np.ones((1, 2, 3, 3), np.float32), np.ones((1, 4, 3, 3), np.float32)
+        >>> conv_grad_weight_params(x, dy, pads=[1] * 4, weight_shape=[4, 2, 3, 3])["pads_end"]
+        (1, 1)
+    """
+    wshape = tuple(int(v) for v in weight_shape)
+    geo = conv_geometry(
+        X.shape,
+        wshape,
+        auto_pad=auto_pad,
+        dilations=dilations,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    return {**_geometry_params(geo, group), "weight_shape": wshape}
+
+
 # ----------------------------------------------------------------------------- Conv
 
 
@@ -268,7 +415,7 @@ def _conv_transpose_cost(inputs, outputs, **attrs) -> Cost:
     "Conv",
     shape=_conv_shape,
     tile=_conv_tile,
-    kernels={"cpu": conv_cpu},
+    params=conv_params,
     contraction=True,
     cost=_conv_cost,
 )
@@ -363,7 +510,7 @@ def _conv_transpose_tile(ctx: TileContext) -> TileSpec:
     "ConvTranspose",
     shape=_conv_transpose_shape,
     tile=_conv_transpose_tile,
-    kernels={"cpu": conv_transpose_cpu},
+    params=conv_transpose_params,
     contraction=True,
     cost=_conv_transpose_cost,
 )
@@ -483,7 +630,7 @@ def _conv_grad_input_tile(ctx: TileContext) -> TileSpec:
     domain="dfdl",
     shape=_conv_grad_input_shape,
     tile=_conv_grad_input_tile,
-    kernels={"cpu": conv_grad_input_cpu},
+    params=conv_grad_input_params,
     contraction=True,
     differentiable=False,
 )
@@ -564,7 +711,7 @@ def _conv_grad_weight_tile(ctx: TileContext) -> TileSpec:
     domain="dfdl",
     shape=_conv_grad_weight_shape,
     tile=_conv_grad_weight_tile,
-    kernels={"cpu": conv_grad_weight_cpu},
+    params=conv_grad_weight_params,
     contraction=True,
     differentiable=False,
 )

@@ -2,6 +2,11 @@
 
 With static shapes these only ever run at plan time, while the loader folds shape
 chains into constants; they are never tiled or run as tasks (``fold_only``).
+
+Example:
+    >>> from dfdl.ops import REGISTRY
+    >>> REGISTRY["Shape"].forward(np.zeros((2, 3))), REGISTRY["Shape"].fold_only
+    (array([2, 3]), True)
 """
 
 from __future__ import annotations

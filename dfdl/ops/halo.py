@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from dfdl.ops.common import LETTERS
 
 Window = Callable[[int, int], tuple[int, int]]
@@ -117,3 +119,26 @@ def scatter_pads(eff: int, stride: int, pad: int, n_src: int, lo: int, hi: int) 
     begin = lo + pad - start * stride
     end = stride * (stop - start - 1) + eff - begin - (hi - lo)
     return begin, end
+
+
+def crop_slab(dx: np.ndarray, crop) -> np.ndarray:
+    """The part ``[off, off + n)`` of each spatial axis of ``dx`` (``crop`` = off0, n0,
+    off1, n1, ...), zeros where it runs past ``dx``'s end: the slab a tile keeps of what
+    it computed over its halo (a MaxPoolGrad tile's dX). None keeps all of ``dx``.
+
+    Example:
+        >>> crop_slab(np.arange(4.0).reshape(1, 1, 4), [1, 4])[0, 0]
+        array([1., 2., 3., 0.])
+    """
+    if crop is None or list(crop) == [v for n in dx.shape[2:] for v in (0, n)]:
+        return dx  # the whole of dx: no copy (an untiled image, as in a ResNet's stem)
+    nd = len(crop) // 2
+    out = np.zeros(dx.shape[:2] + tuple(crop[2 * a + 1] for a in range(nd)), dx.dtype)
+    src, dst = [slice(None)] * 2, [slice(None)] * 2
+    for a in range(nd):
+        off, n = crop[2 * a], crop[2 * a + 1]
+        take = max(0, min(n, dx.shape[2 + a] - off))
+        src.append(slice(off, off + take))
+        dst.append(slice(0, take))
+    out[tuple(dst)] = dx[tuple(src)]
+    return out

@@ -9,6 +9,11 @@ VJPs move ``dY`` back: the inverse reshape/transpose, Split for Concat and Conca
 Split, a scatter into zeros for Slice (SliceGrad) and a scatter-add for Gather
 (GatherGrad, whose index axes are contracted so batch tiles give partial gradients).
 Expand returns ``dY`` as is: the autodiff driver sums it down to the input's shape.
+
+Example:
+    >>> from dfdl.ops import REGISTRY
+    >>> REGISTRY["Transpose"].forward(np.zeros((2, 3)), perm=[1, 0]).shape
+    (3, 2)
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ import numpy as np
 
 from dfdl.errors import ModelError, ShapeError
 from dfdl.ops.common import letters, normalize_axis
-from dfdl.ops.cpu import layout as cpu_layout
 from dfdl.ops.registry import DFDL_DOMAIN, TensorType, TileContext, TileSpec, defvjp, register
 
 
@@ -521,12 +525,24 @@ def _gather_grad_tile(ctx: TileContext) -> TileSpec:
     )
 
 
+def gather_grad_params(dY, indices, *, axis=0, data_shape) -> dict:
+    """The GatherGrad kernels' parameters: ``data_shape`` as a tuple and ``axis``
+    normalized against it.
+
+    Example:
+        >>> gather_grad_params(np.ones((2, 3)), np.zeros(2, np.int64), axis=-2, data_shape=[5, 3])
+        {'axis': 0, 'data_shape': (5, 3)}
+    """
+    shape = tuple(_ints(data_shape))
+    return {"axis": _axis(axis, len(shape), "GatherGrad"), "data_shape": shape}
+
+
 @register(
     "GatherGrad",
     domain=DFDL_DOMAIN,
     shape=_gather_grad_shape,
     tile=_gather_grad_tile,
-    kernels={"cpu": cpu_layout.GatherGrad},
+    params=gather_grad_params,
     differentiable=False,
 )
 def GatherGrad(dY, indices, *, axis=0, data_shape):

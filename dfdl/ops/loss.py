@@ -3,6 +3,16 @@
 Inputs are scores ``(N, C, d1, ...)``, integer labels ``(N, d1, ...)`` and optional class
 weights ``(C,)``. The labels input is not differentiable (a VJP returns None for it);
 scores and weights get gradients from the ``dfdl``-domain backward ops below.
+
+The CPU kernel of ``dfdl.SoftmaxCrossEntropyLossGrad`` (:mod:`dfdl.ops.cpu.loss`)
+receives the coefficients :func:`sce_grad_params` resolves.
+
+Example:
+    >>> from dfdl.ops import REGISTRY
+    >>> loss, log_prob = REGISTRY["SoftmaxCrossEntropyLoss"].forward(
+    ...     np.zeros((2, 4), np.float32), np.array([0, 3]))
+    >>> round(float(loss), 4)  # log(4)
+    1.3863
 """
 
 from __future__ import annotations
@@ -11,7 +21,6 @@ import numpy as np
 
 from dfdl.errors import ShapeError, UnsupportedOpError
 from dfdl.ops.common import letters
-from dfdl.ops.cpu.softmax import cpu_softmax_cross_entropy_loss_grad
 from dfdl.ops.registry import DFDL_DOMAIN, TensorType, TileContext, TileSpec, defvjp, register
 
 _REDUCTIONS = ("none", "mean", "sum")
@@ -192,13 +201,30 @@ def _sce_grad_shape(inputs, consts, *, ignore_index=None, reduction="mean"):
     return [_grad_shape("dfdl.SoftmaxCrossEntropyLossGrad", inputs, reduction)]
 
 
+def sce_grad_params(
+    dloss, scores, labels, weights=None, *, ignore_index=None, reduction="mean"
+) -> dict:
+    """The SoftmaxCrossEntropyLossGrad kernels' parameters, from
+    :func:`loss_coefficients`: ``coef``, each element's float64 gradient factor, and
+    ``safe_labels``, the labels with ignored ones replaced by 0 (both of the labels'
+    shape).
+
+    Example:
+        >>> p = sce_grad_params(np.float32(1), None, np.array([0, 2]), ignore_index=2)
+        >>> p["coef"], p["safe_labels"]
+        (array([1., 0.]), array([0, 0]))
+    """
+    coef, safe = loss_coefficients(dloss, labels, weights, reduction, ignore_index)
+    return {"coef": coef, "safe_labels": safe}
+
+
 @register(
     "SoftmaxCrossEntropyLossGrad",
     domain=DFDL_DOMAIN,
     shape=_sce_grad_shape,
     tile=_loss_grad_tile,
-    kernels={"cpu": cpu_softmax_cross_entropy_loss_grad},
     differentiable=False,
+    params=sce_grad_params,
 )
 def SoftmaxCrossEntropyLossGrad(
     dloss, scores, labels, weights=None, *, ignore_index=None, reduction="mean"

@@ -8,7 +8,8 @@ change from step to step (learning rate, bias corrections) are 0-d inputs comput
 the host by :mod:`dfdl.optim`. Both ops are elementwise: every output tile needs only
 the same tile of each tensor input, so updates tile exactly like the parameter.
 
-They are not differentiable (updates are never differentiated).
+They are not differentiable (updates are never differentiated). The CPU kernels
+(:mod:`dfdl.ops.cpu.optim`) receive the hyperparameters resolved by the params rules.
 
 Example:
     >>> p = np.ones(3, np.float32); g = np.full(3, 0.5, np.float32)
@@ -22,8 +23,7 @@ import numpy as np
 
 from dfdl.errors import ShapeError, UnsupportedOpError
 from dfdl.ops.common import elementwise_tile, whole_tile
-from dfdl.ops.cpu import optim as cpu
-from dfdl.ops.registry import DFDL_DOMAIN, TensorType, register
+from dfdl.ops.registry import DFDL_DOMAIN, TensorType, lookup, register
 
 
 def _check_same(op: str, inputs, names: tuple[str, ...]) -> None:
@@ -74,12 +74,39 @@ def _sgd_shape(inputs, consts, *, momentum=0.0, dampening=0.0, nesterov=0, weigh
     return [p, TensorType(p.shape, p.dtype)] if momentum != 0 else [p]
 
 
+def sgd_params(
+    param,
+    grad,
+    lr,
+    momentum_buffer=None,
+    first=None,
+    *,
+    momentum=0.0,
+    dampening=0.0,
+    nesterov=0,
+    weight_decay=0.0,
+) -> dict:
+    """The SGDUpdate kernels' parameters: the hyperparameters as floats, ``nesterov`` as
+    a bool.
+
+    Example:
+        >>> sgd_params(None, None, None, momentum=0.9, nesterov=1)["nesterov"]
+        True
+    """
+    return {
+        "momentum": float(momentum),
+        "dampening": float(dampening),
+        "nesterov": bool(nesterov),
+        "weight_decay": float(weight_decay),
+    }
+
+
 @register(
     "SGDUpdate",
     domain=DFDL_DOMAIN,
     shape=_sgd_shape,
     tile=elementwise_tile,
-    kernels={"cpu": cpu.sgd_update},
+    params=sgd_params,
     differentiable=False,
 )
 def SGDUpdate(
@@ -136,12 +163,40 @@ def _lerp(start, end, weight):
     return end - (end - start) * (type(weight)(1.0) - weight)
 
 
+def adam_params(
+    param,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    step_size,
+    bias_correction2_sqrt,
+    decay=None,
+    *,
+    beta1=0.9,
+    beta2=0.999,
+    eps=1e-8,
+    weight_decay=0.0,
+) -> dict:
+    """The AdamUpdate kernels' parameters: the hyperparameters as floats.
+
+    Example:
+        >>> adam_params(*[None] * 6, beta1=0.8)
+        {'beta1': 0.8, 'beta2': 0.999, 'eps': 1e-08, 'weight_decay': 0.0}
+    """
+    return {
+        "beta1": float(beta1),
+        "beta2": float(beta2),
+        "eps": float(eps),
+        "weight_decay": float(weight_decay),
+    }
+
+
 @register(
     "AdamUpdate",
     domain=DFDL_DOMAIN,
     shape=_adam_shape,
     tile=elementwise_tile,
-    kernels={"cpu": cpu.adam_update},
+    params=adam_params,
     differentiable=False,
 )
 def AdamUpdate(
@@ -183,32 +238,44 @@ def AdamUpdate(
 
 #: the update ops a group may hold, and the input positions of their per-step scalars
 #: (shared by every parameter of an optimizer step); a split BatchNorm's running
-#: statistics update (:mod:`dfdl.ops.batch_norm_split`) has none
+#: statistics update (:mod:`dfdl.ops.batch_norm`) has none
 GROUPABLE = {"SGDUpdate": (2, 4), "AdamUpdate": (4, 5, 6), "BatchNormRunning": ()}
 
 
-def _members(inputs, update: str, layout, arity: int, n_shared: int) -> list[list]:
-    """The member updates' input lists: ``layout[i]`` >= 0 is the member's tensor input
-    of that index, < 0 the shared input ``-1 - layout[i]``."""
+def _member_positions(
+    n_inputs: int, update: str, layout, arity: int, n_shared: int
+) -> list[list[int]]:
+    """Per member update, the positions of its inputs among the group's ``n_inputs``:
+    ``layout[i]`` >= 0 is the member's tensor input of that index, < 0 the shared input
+    ``-1 - layout[i]``."""
     if update not in GROUPABLE:
         raise UnsupportedOpError(
             f"UpdateGroup: cannot group {update!r} (groupable: {sorted(GROUPABLE)})",
             op_type="UpdateGroup",
             domain=DFDL_DOMAIN,
         )
-    inputs = list(inputs)
-    shared, tensors = inputs[:n_shared], inputs[n_shared:]
-    if arity < 1 or not tensors or len(tensors) % arity:
-        raise ShapeError(f"UpdateGroup: {len(tensors)} tensor inputs for members of {arity}")
+    n_tensors = max(0, n_inputs - n_shared)
+    if arity < 1 or not n_tensors or n_tensors % arity:
+        raise ShapeError(f"UpdateGroup: {n_tensors} tensor inputs for members of {arity}")
+    if any(-1 - i >= n_shared for i in layout if i < 0):
+        raise ShapeError(
+            f"UpdateGroup: layout {list(layout)} names a shared input past the {n_shared} given"
+        )
     return [
-        [tensors[k + i] if i >= 0 else shared[-1 - i] for i in layout]
-        for k in range(0, len(tensors), arity)
+        [n_shared + k + i if i >= 0 else -1 - i for i in layout] for k in range(0, n_tensors, arity)
+    ]
+
+
+def _members(inputs, update: str, layout, arity: int, n_shared: int) -> list[list]:
+    """The member updates' input lists (see :func:`_member_positions`)."""
+    inputs = list(inputs)
+    return [
+        [inputs[i] for i in positions]
+        for positions in _member_positions(len(inputs), update, layout, arity, n_shared)
     ]
 
 
 def _group_shape(inputs, consts, *, update, layout, arity, n_shared, **attrs):
-    from dfdl.ops.registry import lookup
-
     rule = lookup(update, DFDL_DOMAIN).shape if update in GROUPABLE else None
     out = []
     for ins, cs in zip(
@@ -229,12 +296,30 @@ def run_group(kernel_of, inputs, update, layout, arity, n_shared, attrs) -> tupl
     return tuple(out)
 
 
+def update_group_params(*inputs, update, layout, arity, n_shared, **attrs) -> dict:
+    """The UpdateGroup kernels' parameters: the member op ``update``, ``members`` (per
+    member, the positions of its inputs among the group's) and ``member_attrs`` (the
+    member op's attributes, which its own params rule resolves).
+
+    Example:
+        >>> p = update_group_params(0.1, "p1", "g1", "p2", "g2", update="SGDUpdate",
+        ...                         layout=[0, 1, -1], arity=2, n_shared=1)
+        >>> p["members"]
+        [[1, 2, 0], [3, 4, 0]]
+    """
+    return {
+        "update": update,
+        "members": _member_positions(len(inputs), update, layout, arity, n_shared),
+        "member_attrs": attrs,
+    }
+
+
 @register(
     "UpdateGroup",
     domain=DFDL_DOMAIN,
     shape=_group_shape,
     tile=whole_tile,
-    kernels={"cpu": cpu.update_group},
+    params=update_group_params,
     differentiable=False,
 )
 def UpdateGroup(*inputs, update, layout, arity, n_shared, **attrs):
@@ -258,6 +343,4 @@ def UpdateGroup(*inputs, update, layout, arity, n_shared, **attrs):
 
 
 def _member_forward(update: str):
-    from dfdl.ops.registry import lookup
-
     return lookup(update, DFDL_DOMAIN).forward

@@ -17,6 +17,15 @@ Training: ``dfdl.MaxPoolGrad(dY, X)`` routes each output gradient to the first m
 window (the forward's tie rule) and ``dfdl.AveragePoolGrad(dY; input_shape)`` spreads it
 over the window's counted taps; both tile like the forward (batch and channels). The
 global pools' VJPs reuse them with one window covering all spatial axes.
+
+The CPU kernels (:mod:`dfdl.ops.cpu.pool`) receive the resolved window geometry of
+:func:`pool_params` and the rules next to it.
+
+Example:
+    >>> from dfdl.ops import REGISTRY
+    >>> x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    >>> REGISTRY["MaxPool"].forward(x, kernel_shape=[2, 2])[0].ravel()
+    array([3.], dtype=float32)
 """
 
 from __future__ import annotations
@@ -29,7 +38,6 @@ import numpy as np
 from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
 from dfdl.ops import halo
 from dfdl.ops.common import letters, whole_tile
-from dfdl.ops.cpu import pool as cpu_pool
 from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -281,9 +289,67 @@ def window_pool_tile(ctx: TileContext) -> TileSpec:
     )
 
 
-@register(
-    "MaxPool", shape=_max_pool_shape, tile=window_pool_tile, kernels={"cpu": cpu_pool.MaxPool}
-)
+def _geometry_params(g: PoolGeometry) -> dict:
+    return {
+        "kernel_shape": g.kernel,
+        "strides": g.strides,
+        "dilations": g.dilations,
+        "pads_begin": g.pads_begin,
+        "pads_end": g.pads_end,
+        "out_spatial": g.out,
+    }
+
+
+def pool_params(
+    X,
+    *,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    storage_order=0,
+    strides=None,
+) -> dict:
+    """The MaxPool kernels' parameters: :func:`pool_geometry`'s windows and output size
+    (``kernel_shape``, ``strides``, ``dilations``, ``pads_begin``, ``pads_end``,
+    ``out_spatial``) and ``storage_order`` as an int.
+
+    Example:
+        >>> pool_params(np.ones((1, 1, 5, 5)), kernel_shape=[3, 3], strides=[2, 2])["out_spatial"]
+        (2, 2)
+    """
+    g = pool_geometry(
+        "MaxPool", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return {**_geometry_params(g), "storage_order": int(storage_order)}
+
+
+def average_pool_params(
+    X,
+    *,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    count_include_pad=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+) -> dict:
+    """The AveragePool kernels' parameters: the windows as :func:`pool_params` gives
+    them, and ``count_include_pad`` as a bool.
+
+    Example:
+        >>> average_pool_params(np.ones((1, 1, 4)), kernel_shape=[2], pads=[1, 0])["pads_begin"]
+        (1,)
+    """
+    g = pool_geometry(
+        "AveragePool", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return {**_geometry_params(g), "count_include_pad": bool(count_include_pad)}
+
+
+@register("MaxPool", shape=_max_pool_shape, tile=window_pool_tile, params=pool_params)
 def MaxPool(
     X,
     *,
@@ -306,7 +372,7 @@ def MaxPool(
     "AveragePool",
     shape=_avg_pool_shape,
     tile=window_pool_tile,
-    kernels={"cpu": cpu_pool.AveragePool},
+    params=average_pool_params,
 )
 def AveragePool(
     X,
@@ -440,23 +506,6 @@ def _max_pool_grad_tile(ctx: TileContext) -> TileSpec:
     )
 
 
-def crop_slab(dx: np.ndarray, crop) -> np.ndarray:
-    """The part ``[off, off + n)`` of each spatial axis of ``dx`` (``crop`` = off0, n0,
-    off1, n1, ...), zeros where it runs past ``dx``'s end."""
-    if crop is None or list(crop) == [v for n in dx.shape[2:] for v in (0, n)]:
-        return dx  # the whole of dx: no copy (an untiled image, as in a ResNet's stem)
-    nd = len(crop) // 2
-    out = np.zeros(dx.shape[:2] + tuple(crop[2 * a + 1] for a in range(nd)), dx.dtype)
-    src, dst = [slice(None)] * 2, [slice(None)] * 2
-    for a in range(nd):
-        off, n = crop[2 * a], crop[2 * a + 1]
-        take = max(0, min(n, dx.shape[2 + a] - off))
-        src.append(slice(off, off + take))
-        dst.append(slice(0, take))
-    out[tuple(dst)] = dx[tuple(src)]
-    return out
-
-
 def _avg_pool_grad_tile(ctx: TileContext) -> TileSpec:
     """Batch and channels tiled; each tile's ``input_shape`` becomes its dX tile shape."""
     spec = letters(2) + "." * (ctx.outputs[0].rank - 2)
@@ -468,12 +517,72 @@ def _avg_pool_grad_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(spec,), outputs=(spec,), adjust=adjust)
 
 
+def max_pool_grad_params(
+    dY,
+    X,
+    *,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+    dfdl_crop=None,
+) -> dict:
+    """The MaxPoolGrad kernels' parameters: the forward's windows (as :func:`pool_params`)
+    and ``crop``, the slab of dX the tile keeps (:func:`dfdl.ops.halo.crop_slab`; None:
+    all of it) as a tuple.
+
+    Example:
+        >>> x = np.ones((1, 1, 6))
+        >>> max_pool_grad_params(x[..., :3], x, kernel_shape=[2], strides=[2])["crop"] is None
+        True
+    """
+    g = pool_geometry(
+        "MaxPoolGrad", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    crop = None if dfdl_crop is None else tuple(int(v) for v in dfdl_crop)
+    return {**_geometry_params(g), "crop": crop}
+
+
+def average_pool_grad_params(
+    dY,
+    *,
+    input_shape=None,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    count_include_pad=0,
+    dilations=None,
+    kernel_shape=None,
+    pads=None,
+    strides=None,
+) -> dict:
+    """The AveragePoolGrad kernels' parameters: the forward's windows (as
+    :func:`average_pool_params`) and ``input_shape``, the shape of dX, as a tuple.
+
+    Example:
+        >>> dy = np.ones((1, 1, 2))
+        >>> average_pool_grad_params(dy, input_shape=[1, 1, 4], kernel_shape=[2],
+        ...                          strides=[2])["input_shape"]
+        (1, 1, 4)
+    """
+    shape = tuple(int(v) for v in input_shape)
+    g = pool_geometry(
+        "AveragePoolGrad", shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    )
+    return {
+        **_geometry_params(g),
+        "count_include_pad": bool(count_include_pad),
+        "input_shape": shape,
+    }
+
+
 @register(
     "MaxPoolGrad",
     domain="dfdl",
     shape=_max_pool_grad_shape,
     tile=_max_pool_grad_tile,
-    kernels={"cpu": cpu_pool.MaxPoolGrad},
+    params=max_pool_grad_params,
     differentiable=False,
 )
 def MaxPoolGrad(
@@ -493,7 +602,7 @@ def MaxPoolGrad(
     g = pool_geometry(
         "MaxPoolGrad", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
     )
-    return crop_slab(max_pool_grad_numpy(dY, X, g), dfdl_crop)
+    return halo.crop_slab(max_pool_grad_numpy(dY, X, g), dfdl_crop)
 
 
 @register(
@@ -501,7 +610,7 @@ def MaxPoolGrad(
     domain="dfdl",
     shape=_avg_pool_grad_shape,
     tile=_avg_pool_grad_tile,
-    kernels={"cpu": cpu_pool.AveragePoolGrad},
+    params=average_pool_grad_params,
     differentiable=False,
 )
 def AveragePoolGrad(

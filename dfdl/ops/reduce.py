@@ -7,6 +7,11 @@ ReduceMax) and is never split (".") otherwise (ReduceMean, ArgMax).
 VJPs are built from registry ops (Reshape, Expand, Mul, Equal, Cast, Div), so the backward
 pass tiles like any other graph: the gradient is ``dY`` broadcast back over the reduced
 axes (scaled by ``1/n`` for the mean, routed to the maxima for the max).
+
+Example:
+    >>> from dfdl.ops import REGISTRY
+    >>> REGISTRY["ReduceSum"].forward(np.ones((2, 3), np.float32), np.array([1])).ravel()
+    array([3., 3.], dtype=float32)
 """
 
 from __future__ import annotations

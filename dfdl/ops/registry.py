@@ -260,12 +260,8 @@ def register(
     contraction: bool = False,
     params: Callable | None = None,
     cost: Callable | None = None,
-    kernels: Mapping[str, Callable] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator registering a numpy forward as the op ``name``.
-
-    ``kernels`` (deprecated while the kernel modules move to :func:`kernel`): device
-    functions with the forward's signature and their own fallback.
 
     Example:
         >>> @register("Neg", shape=same_shape, tile=elementwise_tile)  # doctest: +SKIP
@@ -282,10 +278,7 @@ def register(
             shape=shape,
             forward=fn,
             tile=tile,
-            kernels={
-                **{d: Kernel(f) for d, f in (kernels or {}).items()},
-                **_PENDING.pop(key, {}),
-            },
+            kernels=_PENDING.pop(key, {}),
             domain=domain,
             fold_only=fold_only,
             differentiable=differentiable,

@@ -14,6 +14,15 @@ tiles equal the untiled op bit for bit, ``tf_crop_and_resize`` included.
 Training: the VJP is ``dfdl.ResizeGrad(dY, roi, scales, sizes; input_shape)``, the adjoint
 of Resize as a linear map of X (gradient 0 where ``extrapolation_value`` is written); it
 tiles like the forward. roi/scales/sizes get no gradient.
+
+The CPU kernels (:mod:`dfdl.ops.cpu.resize`) receive the passes themselves
+(:func:`resize_params`, :func:`resize_grad_params`).
+
+Example:
+    >>> from dfdl.ops import REGISTRY
+    >>> x = np.ones((1, 1, 2, 2), np.float32)
+    >>> REGISTRY["Resize"].forward(x, None, np.array([1, 1, 2, 2], np.float32)).shape
+    (1, 1, 4, 4)
 """
 
 from __future__ import annotations
@@ -25,7 +34,6 @@ import numpy as np
 
 from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
 from dfdl.ops.common import LETTERS, normalize_axis, whole_tile
-from dfdl.ops.cpu import resize as cpu_resize
 from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
 _MODES = ("nearest", "linear")
@@ -338,11 +346,53 @@ def _resize_tile(ctx: TileContext) -> TileSpec:
     )
 
 
+def resize_params(
+    X,
+    roi=None,
+    scales=None,
+    sizes=None,
+    *,
+    antialias=0,
+    axes=None,
+    coordinate_transformation_mode="half_pixel",
+    cubic_coeff_a=-0.75,
+    exclude_outside=0,
+    extrapolation_value=0.0,
+    keep_aspect_ratio_policy="stretch",
+    mode="nearest",
+    nearest_mode="round_prefer_floor",
+    dfdl_tile=None,
+) -> dict:
+    """The Resize kernels' parameters: ``passes``, the tile's interpolation passes
+    (:func:`forward_passes`), and ``extrapolation_value`` as a float.
+
+    Example:
+        >>> x = np.ones((1, 1, 2, 2), np.float32)
+        >>> p = resize_params(x, scales=np.array([1, 1, 2, 2], np.float32), mode="linear")
+        >>> [(axis, n_out) for axis, _, _, _, n_out in p["passes"]]
+        [(2, 4), (3, 4)]
+    """
+    check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
+    attrs = dict(
+        axes=axes,
+        keep_aspect_ratio_policy=keep_aspect_ratio_policy,
+        coordinate_transformation_mode=coordinate_transformation_mode,
+        mode=mode,
+        nearest_mode=nearest_mode,
+        antialias=antialias,
+        exclude_outside=exclude_outside,
+    )
+    return {
+        "passes": forward_passes(X.shape, roi, scales, sizes, attrs, dfdl_tile),
+        "extrapolation_value": float(extrapolation_value),
+    }
+
+
 @register(
     "Resize",
     shape=_resize_shape,
     tile=_resize_tile,
-    kernels={"cpu": cpu_resize.Resize},
+    params=resize_params,
     const_inputs=(1, 2, 3),
 )
 def Resize(
@@ -468,12 +518,54 @@ def _resize_grad_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=inputs, outputs=(spec,), adjust=adjust if tiled else None)
 
 
+def resize_grad_params(
+    dY,
+    roi=None,
+    scales=None,
+    sizes=None,
+    *,
+    input_shape=None,
+    antialias=0,
+    axes=None,
+    coordinate_transformation_mode="half_pixel",
+    cubic_coeff_a=-0.75,
+    exclude_outside=0,
+    extrapolation_value=0.0,
+    keep_aspect_ratio_policy="stretch",
+    mode="nearest",
+    nearest_mode="round_prefer_floor",
+) -> dict:
+    """The ResizeGrad kernels' parameters: ``passes``, the adjoint passes
+    (:func:`adjoint_passes`, last axis first) for dX of shape ``input_shape``.
+
+    Example:
+        >>> dy = np.ones((1, 1, 4, 4), np.float32)
+        >>> p = resize_grad_params(dy, scales=np.array([1, 1, 2, 2], np.float32),
+        ...                        input_shape=[1, 1, 2, 2], mode="linear")
+        >>> [(axis, length) for axis, length, _, _ in p["passes"]]
+        [(3, 2), (2, 2)]
+    """
+    attrs = dict(
+        mode=mode,
+        coordinate_transformation_mode=coordinate_transformation_mode,
+        nearest_mode=nearest_mode,
+        antialias=antialias,
+        exclude_outside=exclude_outside,
+    )
+    check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
+    shape = tuple(int(v) for v in input_shape)
+    plan = resize_plan(
+        shape, roi, scales, sizes, axes, keep_aspect_ratio_policy, coordinate_transformation_mode
+    )
+    return {"passes": adjoint_passes(plan, shape, attrs)}
+
+
 @register(
     "ResizeGrad",
     domain="dfdl",
     shape=_resize_grad_shape,
     tile=_resize_grad_tile,
-    kernels={"cpu": cpu_resize.ResizeGrad},
+    params=resize_grad_params,
     const_inputs=(1, 2, 3),
     differentiable=False,
 )

@@ -1,8 +1,8 @@
 """Compile a training step: the training graph, its tiling and its variant, in one place.
 
 Every caller that plans a training step (``dfdl.train``, ``dfdl plan --training``, the
-benchmarks) goes through :func:`compile_step` (or its two halves), so the same model
-with the same arguments always gets the same plan:
+benchmarks) goes through :func:`compile_step` (or its two halves, :func:`training_plan`
+and :func:`choose_variant`); inference passes are planned by :func:`inference_plan`.
 
 1. :func:`dfdl.training.graph.build_training_graph`: forward, loss, backward, update;
 2. :func:`plan_training`: the tiling for the workers' cores and memory limit, with
@@ -11,6 +11,10 @@ with the same arguments always gets the same plan:
 3. :func:`choose_variant`: the activations kept for the backward pass spilled or
    recomputed (``memory=``), and whether the plan's estimate fits the workers' memory
    (``StepPlan.fits``: the task-graph optimizer groups tasks only then).
+
+Guarantees: planning is deterministic: the same model with the same arguments and
+:class:`Workers` always gets the same plan, so a run repeated on the same cluster
+computes the same values bit for bit.
 
 Example:
     >>> import dfdl.models, numpy as np
@@ -32,6 +36,7 @@ from typing import Any
 import dask
 
 from dfdl.errors import ConfigError, MemoryPlanError, PlanError
+from dfdl.ir.bind import bind
 from dfdl.ir.graph import Graph
 from dfdl.ops.registry import TensorType
 from dfdl.plan.estimate import DASK_TARGET, MemoryEstimate, estimate_memory
@@ -160,7 +165,7 @@ def plan_norms(
     or space axes (whole-channel tasks would re-tile every normalized activation from
     batch tiles to channel tiles and back), or when whole-channel tasks made the
     automatic plan split channels and the split graph's plan needs at most
-    :data:`SPLIT_NORMS_GAIN` of its tasks (the measurements: ``docs/design/norms.md``).
+    :data:`SPLIT_NORMS_GAIN` of its tasks (measurements: ``docs/design/split-norm.md``).
     The plan's ``tiles`` then carry ``"split_norms": 1``, so passing them back repeats
     the graph.
 
@@ -320,3 +325,24 @@ def compile_step(
         loss_options=loss_options,
     )
     return choose_variant(training_plan(tg, tiles, workers), memory, workers, speeds)
+
+
+def inference_plan(
+    graph: Graph,
+    input_types: Mapping[str, TensorType],
+    tiles=None,
+    workers: Workers | None = None,
+    *,
+    values: Mapping[str, Any] | None = None,
+) -> Plan:
+    """The plan of one inference pass of ``graph`` (``dfdl.run``, ``dfdl.plan``,
+    validation): bound to ``input_types`` (and constant ``values``), tiled for
+    ``workers`` under their memory thresholds.
+
+    Example:
+        >>> plan = inference_plan(graph, {"x": TensorType((8, 4), "float32")})  # doctest: +SKIP
+    """
+    workers = workers or Workers()
+    bound = bind(graph, input_types, values=values)
+    with dask.config.set(dict(workers.thresholds)):
+        return make_plan(bound, tiles, cores=workers.cores, memory_limit=workers.memory_limit)

@@ -1,37 +1,29 @@
 """Pre-flight memory estimate of a plan: working set, peak per worker, spilled bytes.
 
-The *working set* of a training step is what must exist at once for the step to finish
-without recomputation: the carried tensors (weights, optimizer state, buffers), the
-batch, the forward activations the backward pass reads, and the weights' gradients.
-(An inference pass has no backward: its working set is every tensor it makes, an upper
-bound, since Dask frees a tile once its consumers are done.)
+The *working set* of a training step (:func:`working_set`) is what must exist at once
+for it to finish without recomputation: the carried tensors (weights, optimizer state,
+buffers), the batch, the forward activations the backward pass reads, and the weights'
+gradients (an inference pass: every tensor it makes, an upper bound). On ``workers``
+processes, :func:`estimate_memory` spreads it evenly: a worker's peak is its share,
+capped at Dask's ``target`` of the limit, plus the tasks it runs at once, and the bytes
+beyond the capped shares are spilled (written once, read back once) every step.
 
-On ``workers`` worker processes with a memory limit each, Dask keeps up to ``target``
-(``distributed.worker.memory.target``, 0.6 by default) of the limit in memory and
-spills tiles beyond it to disk. The estimate spreads the working set evenly over the
-workers, so the tile memory a worker holds at its peak is its share, capped at
-``target * limit``, plus the memory of the tasks it runs at once; the bytes beyond
-the workers' capped shares are spilled (written once, read back once) every step.
-
-When Dask's process-memory thresholds are on (its defaults: spill at 0.7, pause at 0.8,
-restart the worker at 0.95 of the limit, measured on the process's resident memory),
-the limit bounds the whole worker process, and the process's own *footprint* (the
-interpreter, numpy, numba, dfdl and its compiled kernels: :data:`DEFAULT_FOOTPRINT`,
-or dask config ``dfdl.memory.worker-footprint``) counts too. Dask spills tiles whenever
-the process passes the ``spill`` threshold, so the process's peak is its footprint plus
-its tiles, at most ``spill * limit``, plus the tasks running. A worker starts tasks
-until it passes the ``pause`` threshold, so the planner keeps one task within
-:data:`HEADROOM` - ``pause`` of the limit (:func:`task_budget`, :func:`start_line`):
-the peak stays under :data:`HEADROOM` of the limit, below Dask's restart threshold.
-dfdl's own clusters pause at the spill line, which leaves a task a fifth of the limit
-(:func:`dfdl.runtime.cluster.pause_at_spill`); the planner in :func:`dfdl.train`
-reads the thresholds from the workers. With
-those thresholds off the limit bounds only the tiles Dask manages, and the footprint
-is 0.
+When Dask's process-memory thresholds are on (spill 0.7, pause 0.8, restart 0.95 of
+the limit, on resident memory), the limit bounds the whole process, so its own
+*footprint* (:data:`DEFAULT_FOOTPRINT`, or dask config ``dfdl.memory.worker-footprint``)
+counts too, and the planner keeps one task within :data:`HEADROOM` - ``pause`` of the
+limit (:func:`task_budget`, :func:`start_line`). Guarantee: a plan that fits keeps a
+worker's estimated peak under :data:`HEADROOM` of its limit, below Dask's restart
+threshold. dfdl's own clusters pause at the spill line
+(:func:`dfdl.runtime.cluster.pause_at_spill`) and :func:`dfdl.train` reads the
+thresholds from the workers; with them off the limit bounds only the tiles Dask
+manages, and the footprint is 0.
 
 Example:
-    >>> est = estimate_memory(plan, workers=2)  # doctest: +SKIP
-    >>> est.peak_per_worker                     # doctest: +SKIP
+    >>> task_budget(2**30, 0, 0.25) // 2**20
+    256
+    >>> format_bytes(3 * 2**20)
+    '3.0 MiB'
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The tiling planner: chunks for every tensor, a tile grid for every node.
 
 Each node's tile rule (:class:`dfdl.ops.registry.TileSpec`) names the node's axes with
-letters. The planner gives every letter a chunking (tuple of chunk sizes, as in dask):
+letters. :func:`make_plan` gives every letter a chunking (tuple of chunk sizes, as in
+dask) and returns a :class:`Plan`:
 
 * ``tiles="uneven"`` (for tests): every letter axis of size >= 3 gets uneven chunks
   (``5 -> (3, 1, 1)``), so every tile rule is exercised off the easy path;
@@ -9,27 +10,28 @@ letters. The planner gives every letter a chunking (tuple of chunk sizes, as in 
   split into ``b`` chunks, axes indexed by a weight (features, channels) into ``m``;
 * ``None``: automatic, from the batch size, the tensor sizes and the cluster's cores.
 
-With a worker ``memory_limit``, the planner also bounds every task's memory (inputs +
-outputs + temporaries, estimated as the outputs once more) to ``task_fraction`` of it:
-automatic tilings are split further (batch or model, whichever shrinks the largest task
-more) until every task fits; a tiling that cannot fit, or an explicit ``tiles=`` that
-does not, is a :class:`~dfdl.errors.MemoryPlanError` naming the node and the smallest
-memory limit that would work.
-
-Tensors get the chunks of the letters on their axes; graph inputs and initializers take
-the chunks their first consumer asks for. Where a consumer needs a region that is not
-one tile, lowering assembles it from the producer's tiles, so a mismatch costs copies
-but never changes results.
+With a worker ``memory_limit``, every task's memory (inputs + outputs + temporaries,
+estimated as the outputs once more) stays under ``task_fraction`` of it: automatic
+tilings split further until every task fits; one that cannot, or an explicit ``tiles=``
+that does not, raises :class:`~dfdl.errors.MemoryPlanError` naming the node and the
+smallest memory limit that would work. Tensors get the chunks of the letters on their
+axes; graph inputs and initializers take the chunks their first consumer asks for.
+Guarantee: a consumer needing a region that is not one tile gets it assembled from the
+producer's tiles, so a mismatch costs copies but never changes results.
 
 Example:
-    >>> plan = make_plan(graph, tiles={"batch": 4})  # doctest: +SKIP
-    >>> print(plan.summary())                        # doctest: +SKIP
+    >>> from dfdl.ir.bind import TensorType, bind
+    >>> from dfdl.ir.onnx_io import load_model, to_ir
+    >>> from dfdl.models import mlp
+    >>> g = bind(to_ir(load_model(mlp((4, 3)))), {"x": TensorType((8, 4), "float32")})
+    >>> make_plan(g, tiles={"batch": 2}).chunks["x"]
+    ((4, 4), (4,))
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,10 +58,9 @@ MIN_TILE_BYTES = 256 * 2**10
 #: this big and bigger than every activation (see :func:`_auto_tiles`)
 MODEL_SPLIT_BYTES = 16 * 2**20
 #: the keys of a ``tiles=`` dict. ``min_weight_tile`` (bytes): a weight whose model tiles
-#: would be smaller keeps the model axes of its outputs whole; the automatic tiling sets
-#: it to ``MIN_TILE_BYTES`` (the MLP's 4096 x 10 head: its 10 logits in two tiles of 5
-#: made 8 more tasks per step and two more dependency hops), tiles refined for a memory
-#: limit split every weight again
+#: would be smaller keeps the model axes of its outputs whole (fewer tasks and dependency
+#: hops); the automatic tiling sets it to ``MIN_TILE_BYTES``, tiles refined for a memory
+#: limit split every weight again (``docs/design/model-tiles.md``)
 TILES_KEYS = ("batch", "model", "space", "min_weight_tile")
 #: most partial results one combine task sums (bounded fan-in, tree order fixed)
 REDUCE_FAN_IN = 4
@@ -161,14 +162,22 @@ class Plan:
         """
         return estimate_memory(self, workers, threads_per_worker=threads_per_worker)
 
-    def summary(self, workers: int | None = None, threads_per_worker: int = 1) -> str:
-        """Human-readable table: each tensor's tiling, the task count, the largest task;
-        with ``workers`` (processes) also the memory estimate
-        (:func:`dfdl.plan.estimate.estimate_memory`)."""
-        g = self.graph
+    def summary(
+        self, workers: int | None = None, threads_per_worker: int = 1, *, tensors: bool = True
+    ) -> str:
+        """Human-readable text: the task count, the tiling (as ``dfdl plan --tiles``
+        takes it), the largest task; with ``workers`` (processes) the memory estimate
+        (:func:`dfdl.plan.estimate.estimate_memory`); with ``tensors`` then each
+        tensor's tiling (:meth:`tensor_table`).
+
+        Example:
+            >>> print(plan.summary(tensors=False))  # doctest: +SKIP
+            plan for 'mlp': 3 nodes, 6 tasks, tiles batch=2,model=1
+            largest task: layers.0 (1.1 KiB in + out)
+        """
         lines = [
-            f"plan for {g.name!r}: {len(self.nodes)} nodes, {self.n_tasks()} tasks,"
-            f" tiles={self.tiles!r}"
+            f"plan for {self.graph.name!r}: {len(self.nodes)} nodes, {self.n_tasks()} tasks,"
+            f" tiles {format_tiles(self.tiles)}"
         ]
         name, nbytes = self.largest_task()
         lines.append(f"largest task: {name} ({format_bytes(nbytes)} in + out)")
@@ -180,19 +189,72 @@ class Plan:
             )
         if workers:
             lines.extend(self.estimate(workers, threads_per_worker).lines())
-        lines.append(f"{'tensor':40s} {'shape':22s} {'dtype':8s} {'tiles':>6s}  chunks")
-        for tname, ch in self.chunks.items():
-            t = g.types[tname]
+        if tensors:
+            lines.append(self.tensor_table())
+        return "\n".join(lines)
+
+    def tensor_table(self) -> str:
+        """One row per tensor: name, shape, dtype, tile count and chunks (``4*4x16``:
+        four chunks of 4 rows, one of 16 columns; ``(3,2)`` uneven). Every column is as
+        wide as its longest entry, so nothing is cut.
+
+        Example:
+            >>> print(plan.tensor_table())  # doctest: +SKIP
+            tensor  shape    dtype    tiles  chunks
+            x       [16, 8]  float32      4  4*4x8
+        """
+        rows = []
+        for name, ch in self.chunks.items():
+            t = self.graph.types[name]
             ntiles = math.prod(len(c) for c in ch) if ch else 1
             shown = "x".join(_fmt_chunks(c) for c in ch) if ch else "scalar"
-            lines.append(
-                f"{tname[:40]:40s} {str(list(t.shape))[:22]:22s} {str(t.dtype):8s} "
-                f"{ntiles:>6d}  {shown}"
-            )
-        return "\n".join(lines)
+            rows.append((name, str(list(t.shape)), str(t.dtype), str(ntiles), shown))
+        header = ("tensor", "shape", "dtype", "tiles", "chunks")
+        return "\n".join(format_table(header, rows, right={3}))
+
+
+def format_tiles(tiles) -> str:
+    """A tiling as ``dfdl plan --tiles`` and ``dfdl train --tiles`` take it.
+
+    Example:
+        >>> format_tiles({"batch": 2, "model": 1})
+        'batch=2,model=1'
+        >>> format_tiles(None), format_tiles("uneven")
+        ('auto', 'uneven')
+    """
+    if tiles is None:
+        return "auto"
+    if isinstance(tiles, Mapping):
+        return ",".join(f"{k}={v}" for k, v in tiles.items())
+    return str(tiles)
+
+
+def format_table(
+    header: Sequence[str], rows: Iterable[Sequence[str]], right: Collection[int] = ()
+) -> list[str]:
+    """Lines of a text table whose columns are as wide as their widest cell (two spaces
+    apart; the columns numbered in ``right`` aligned right; no trailing blanks).
+
+    Example:
+        >>> for line in format_table(("name", "n"), [("a", "1"), ("bcd", "10")], right={1}):
+        ...     print(line)
+        name   n
+        a      1
+        bcd   10
+    """
+    table = [tuple(header), *(tuple(r) for r in rows)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    return [
+        "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in table
+    ]
 
 
 def _fmt_chunks(c: tuple[int, ...]) -> str:
+    """One axis's chunks: ``16`` (whole), ``4*4`` (four chunks of 4), ``(3,2)`` (uneven)."""
     if len(set(c)) == 1:
         return f"{c[0]}" if len(c) == 1 else f"{len(c)}*{c[0]}"
     return "(" + ",".join(map(str, c)) + ")"
@@ -302,14 +364,10 @@ def _auto_tiles(graph: Graph, cores: int, weights: set[str]) -> dict[str, int]:
     """Batch tiles from the cores and the activation sizes; model tiles stay 1, except
     for a graph whose weights outweigh its activations.
 
-    Batch tiles leave each weight's gradient and update one task per weight: for a
-    large weight (an MLP's 4096x4096 layers: 64 MiB of weight against 16 MiB of
-    activations at batch 1024) those tasks run on one core while the others wait for
-    the updated weight at the step boundary. Split into model tiles instead (along both
-    of a weight's axes, so ``model ** 2 >= cores`` tiles), every GEMM and update is
-    spread over the cores: the MLP's step went from 0.891 to 0.827 s (``python
-    bench/ab.py mlp dfdl.plan.tiling._auto_tiles --b 'lambda g, c, w: {"batch": 1,
-    "model": 2}'``, medians of 3 alternating rounds on 2 cores).
+    Batch tiles leave each large weight's gradient and update one task, on one core,
+    while the others wait for the updated weight; model tiles (along both of a weight's
+    axes, so ``model ** 2 >= cores`` tiles) spread every GEMM and update over the cores.
+    Measurements: ``docs/design/model-tiles.md``.
     """
     batch = 0
     for name in graph.inputs:
@@ -608,9 +666,9 @@ def _channels_for_batch(
 
     A training-mode BatchNormalization (and its gradient) needs each channel's
     statistics over the whole batch, so its tile grid has only the channel axis: with
-    ``model=1`` it was one task that one worker thread ran while the others waited on it
-    (a 3-D U-Net's first decoder level put 0.29 s of such tasks on the critical path of
-    a 2.6 s step on 2 threads). Per-channel math does not change with the channel tiles.
+    ``model=1`` it is one task that one worker thread runs while the others wait.
+    Per-channel math does not change with the channel tiles. Measurements:
+    ``docs/design/channels-for-batch.md``.
     """
     if policy.mode != "split" or policy.batch <= 1:
         return None
@@ -642,13 +700,12 @@ def _whole_contraction(
     """The batch letters a GEMM-class node contracts whole, reading its inputs whole:
     those of a node whose outputs outweigh its inputs; [] for every other node.
 
-    A dense layer's weight gradient ``X^T @ dY`` with the batch split in ``b`` tiles made
-    ``b`` partial products of the whole weight's size and a task summing them: for the
-    MLP's 4096 x 4096 layers at batch 1024, two 64 MiB partials and a sum reading 128
-    MiB, from 32 MiB of inputs. One product over the whole batch writes the weight's
-    tile once; the other thread meanwhile runs the input gradient's two batch tiles of
-    the same size. Convolution weight gradients (small weights, large activations) and
-    every non-contraction keep their partials.
+    A dense layer's weight gradient ``X^T @ dY`` with the batch split in ``b`` tiles
+    makes ``b`` partial products of the whole weight's size and a task summing them; one
+    product over the whole batch writes the weight's tile once, while the other threads
+    run the input gradient's batch tiles. Convolution weight gradients (small weights,
+    large activations) and every non-contraction keep their partials. Measurements:
+    ``docs/design/whole-contraction.md``.
     """
     op = lookup(node.op_type, node.domain)
     split = [ch for ch in spec.contracted() if len(letters.get(ch, ())) > 1]

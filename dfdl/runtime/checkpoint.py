@@ -1,8 +1,18 @@
 """Checkpoints: weights, optimizer state and position, written atomically.
 
-A checkpoint is one ``.npz`` file written under a temporary name and renamed into place
-(``os.replace`` is atomic on POSIX), then the ``latest`` pointer is replaced the same
-way: a crash mid-write leaves the previous checkpoint as the latest.
+:func:`save` writes one ``.npz`` file (the arrays and a JSON ``meta`` with the step)
+under a temporary name and renames it into place (``os.replace`` is atomic on POSIX),
+then replaces the ``latest`` pointer the same way; :func:`load_latest` reads the
+checkpoint it points to. Guarantee: a crash mid-write leaves the previous checkpoint
+as the latest, and arrays come back with the values and dtypes they were saved with.
+
+Example:
+    >>> import tempfile, numpy as np
+    >>> d = tempfile.mkdtemp()
+    >>> _ = save(d, 100, {"w": np.ones(2, "float32")}, {"seed": 0})
+    >>> step, arrays, meta = load_latest(d)
+    >>> step, arrays["w"].dtype, meta["seed"]
+    (100, dtype('float32'), 0)
 """
 
 from __future__ import annotations

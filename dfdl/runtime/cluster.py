@@ -1,37 +1,49 @@
-"""Clusters: the embedded LocalCluster dfdl starts when no client is given.
+"""Clusters: dfdl's local clusters, the embedded one, and connecting to others.
 
-The embedded cluster is one worker process with one thread per core: tiles never cross
-a process boundary (no pickling, no transfers; two single-threaded worker processes
-measured 2 s of transfers per 6 ResNet steps here), BLAS and numba run one thread per
-task (parallelism comes from tiles; the numba kernels release the GIL) and the
-scheduler's queuing is off (``worker-saturation: inf``), which measured 4x lower
-per-task overhead here. Message batching is shortened (:mod:`dfdl.runtime.latency`).
+:func:`local_cluster` (``dfdl.LocalCluster``) starts a ``distributed.LocalCluster`` with
+dfdl's settings (:data:`DASK_CONFIG`, a pause at the spill line, the worker preload
+:mod:`dfdl.runtime.worker_setup`, message batching of :mod:`dfdl.runtime.latency`).
+:func:`embedded_client` is the cluster :func:`dfdl.train` starts when no client is
+given: one worker process with one thread per core, so tiles never cross a process
+boundary, BLAS and numba run one thread per task (parallelism comes from tiles) and
+the scheduler's queuing is off (``worker-saturation: inf``); it stays up for the
+process's next call. :func:`connect` yields a given client or that one;
+:func:`open_client` connects to a scheduler's address (TLS included) or raises a
+:class:`~dfdl.errors.ConfigError` that says why not.
+
+Guarantees: the settings here change where and when tasks run, never a value; every
+worker, restarted ones too, runs dfdl's worker setup.
 
 Example:
+    >>> parse_memory("1 KiB")
+    1024
     >>> with connect(None) as client:  # doctest: +SKIP
     ...     client.nthreads()
+
+Measurements: ``docs/design/embedded-cluster.md``, ``worker-memory.md``.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import gc
 import os
+import threading
 from collections.abc import Iterator
 
 import dask
+from dask.utils import parse_bytes
+from distributed import Client
 
-#: dask settings dfdl's embedded cluster runs with. Dask's default
-#: ``MALLOC_TRIM_THRESHOLD_=65536`` also switches off glibc's adaptive mmap threshold, so
-#: every temporary array over 128 KiB is a fresh mmap with page faults on first touch:
-#: kernels ran 1.7x slower (measured on the conv kernels). Arrays under 32 MiB come from
-#: the heap instead, and free heap memory over 128 MiB still goes back to the system.
-#: One malloc arena (``MALLOC_ARENA_MAX=1``): glibc gives every worker thread its own
-#: arena of 64 MiB heaps and unmaps a heap as soon as it is empty, so a 16 MiB tile freed
-#: by one task and allocated by the next faulted its pages in afresh (the transformer's
-#: worker: 92,000 page faults per step). With one arena, 21,000; steps 2.36, 2.20,
-#: 2.18 -> 2.14, 2.12, 2.13 s (alternating fresh clusters); the MLP's within noise.
+from dfdl.errors import ConfigError
+from dfdl.runtime import latency
+
+#: dask settings dfdl's embedded cluster runs with: no queuing on the scheduler; arrays
+#: under 32 MiB from the malloc heap, not fresh mmaps that fault their pages in on first
+#: touch, with free heap over 128 MiB still going back to the system; one malloc arena,
+#: so a tile freed by one task is reused by the next (``docs/design/embedded-cluster.md``)
 DASK_CONFIG = {
     "distributed.scheduler.worker-saturation": float("inf"),
     "distributed.worker.daemon": False,
@@ -54,8 +66,6 @@ def malloc_config(memory_limit) -> dict:
     (bytes or a string; other values keep them): free heap kept at most
     ``MALLOC_KEEP_FRACTION`` of the limit, heap (not mmap) allocations up to a quarter
     of that."""
-    from dask.utils import parse_bytes
-
     try:
         limit = parse_bytes(memory_limit) if isinstance(memory_limit, str) else memory_limit
     except ValueError:
@@ -75,8 +85,7 @@ def pause_at_spill() -> dict:
     A paused worker starts no task. The planner sizes tasks to start below the pause
     line and end under :data:`dfdl.plan.estimate.HEADROOM` of the limit
     (:func:`dfdl.plan.estimate.task_budget`): at Dask's 0.8 that leaves a tenth of the
-    limit per task, at the spill line a fifth. (Measured on a 3-D U-Net at 1 GiB, before
-    this: a task started at 79% took its worker to 96%, where the nanny restarted it.)
+    limit per task, at the spill line a fifth (``docs/design/worker-memory.md``).
 
     Example:
         >>> with dask.config.set({"distributed.worker.memory.spill": 0.7,
@@ -164,10 +173,6 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     kwargs.setdefault("threads_per_worker", 1)
     kwargs.setdefault("processes", True)
     kwargs.setdefault("dashboard_address", None)
-    from distributed import Client
-
-    from dfdl.runtime import latency
-
     if kwargs["dashboard_address"] is not None:
         import dfdl.runtime.dashboard  # noqa: F401 - adds the dfdl page before the scheduler starts
 
@@ -235,10 +240,6 @@ def parse_memory(value, name: str = "memory_limit") -> int | None:
         >>> parse_memory("1 KiB")
         1024
     """
-    from dask.utils import parse_bytes
-
-    from dfdl.errors import ConfigError
-
     if value is None or (isinstance(value, int | float) and value == 0):
         return None
     try:
@@ -303,16 +304,68 @@ def embedded_memory_limit() -> int:
     return int(MEMORY_LIMIT)
 
 
+_embedded: dict = {}
+_embedded_lock = threading.Lock()
+
+
+def embedded_client():
+    """The client of this process's embedded cluster (:func:`local_cluster`): started
+    by the first call, reused by later ones while it has running workers, and shut down
+    when the process exits (or by :func:`close_embedded`).
+
+    Starting a cluster costs seconds (a worker process, its imports, dfdl's worker
+    setup); a process that trains or runs several models pays it once.
+
+    Example:
+        >>> client = embedded_client()  # doctest: +SKIP
+    """
+    with _embedded_lock:
+        client = _embedded.get("client")
+        if client is not None and client.status == "running":
+            try:
+                if client.scheduler_info()["workers"]:
+                    return client
+            except Exception:  # noqa: BLE001 - a dead scheduler: start a new cluster
+                pass
+        _close_embedded()
+        cluster = local_cluster()
+        try:
+            client = Client(cluster)
+        except BaseException:
+            cluster.close()
+            raise
+        _embedded.update(cluster=cluster, client=client)
+        if not _embedded.get("atexit"):
+            atexit.register(close_embedded)
+            _embedded["atexit"] = True
+        return client
+
+
+def close_embedded() -> None:
+    """Shut the embedded cluster down (a later call starts a new one).
+
+    Example:
+        >>> close_embedded()
+    """
+    with _embedded_lock:
+        _close_embedded()
+
+
+def _close_embedded() -> None:
+    client, cluster = _embedded.pop("client", None), _embedded.pop("cluster", None)
+    for closing in (client, cluster):
+        if closing is not None:
+            try:
+                closing.close()
+            except Exception:  # noqa: BLE001 - closing a broken cluster: nothing to keep
+                pass
+
+
 @contextlib.contextmanager
 def connect(client=None) -> Iterator:
-    """Yield ``client`` unchanged, or an embedded cluster's client, shut down on exit."""
-    if client is not None:
-        yield client
-        return
-    from distributed import Client
-
-    with local_cluster() as cluster, Client(cluster) as c:
-        yield c
+    """Yield ``client`` unchanged, or the embedded cluster's client
+    (:func:`embedded_client`), which stays up for the process's next call."""
+    yield client if client is not None else embedded_client()
 
 
 def open_client(address: str, security=None, timeout: float = 30.0):
@@ -332,10 +385,6 @@ def open_client(address: str, security=None, timeout: float = 30.0):
         ...     tls_ca_file="ca.pem", tls_client_cert="me.pem", tls_client_key="me.key",
         ...     require_encryption=True))
     """
-    from distributed import Client
-
-    from dfdl.errors import ConfigError
-
     tls = str(address).startswith("tls://")
     hint = (
         " Give the cluster's CA and a client certificate and key (dfdl train --tls-ca-file, "

@@ -10,7 +10,7 @@ Installing the page: ``dfdl.LocalCluster(..., dashboard_address=...)`` and
 ``dfdl.cluster.slurm`` do it themselves (their schedulers run in this process). For a
 scheduler started elsewhere, preload this module: ``dask scheduler --preload
 dfdl.runtime.dashboard``. Importing it installs the page, so that must happen before the
-scheduler starts.
+scheduler starts. The page only reads the monitor's data; it never touches a training.
 
 Example:
     >>> cluster = dfdl.LocalCluster(2, dashboard_address=":8787")  # doctest: +SKIP

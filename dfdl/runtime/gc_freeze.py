@@ -1,25 +1,26 @@
 """Python's cyclic garbage collector during training: every process's heap is frozen.
 
-A full (generation 2) collection walks every object the process tracks: in a Dask
-worker, the imported modules and numba's compiled kernels (millions of objects); in
-the trainer's process, the plans and, for the embedded cluster, the scheduler. Such a
-collection holds the GIL for 80-140 ms (measured with ``gc.callbacks`` on the ResNet
-benchmark, 2-core development machine), and a training step allocates enough to set
-one off every few steps in each process. A pause in the worker stops its event loop;
-a pause in the trainer's process stops the embedded scheduler. Either way no task
-starts: the ResNet step's two longest gaps with both task threads idle (94 and 141 ms
-in a 10-step call) were such pauses.
+A full collection walks every object a process tracks (a worker's modules and numba's
+kernels; the trainer's plans and the embedded scheduler) while holding the GIL, and no
+task starts meanwhile. :func:`frozen_heaps` collects once at the start of training,
+then moves every object alive into the collector's permanent generation
+(``gc.freeze``), in the trainer's process, on every worker and on the scheduler, and
+unfreezes them at the end; later collections walk only what training allocates. The
+processes of dfdl's own embedded cluster (``owned=True``) are frozen once, at the first
+training that uses them, and stay frozen (:func:`freeze_for_good`).
 
-:func:`frozen_heaps` collects once at the start of training, then moves every object
-alive into the collector's permanent generation (``gc.freeze``), in the trainer's
-process, on every worker and on the scheduler. Later collections walk only what
-training allocates. Objects still die by reference counting as before; only cycles
-among the frozen objects wait until :func:`frozen_heaps` unfreezes at the end.
+Guarantees: values never change, and objects still die by reference counting as
+before; only cycles among the frozen objects wait until the unfreeze. A process that cannot be
+reached is left as it is: the freeze only saves time, and never fails a training.
+``dfdl.EngineOptions(freeze_heaps=False)`` turns it off.
 
 Example:
-    >>> from distributed import Client  # doctest: +SKIP
-    >>> with frozen_heaps(client):  # doctest: +SKIP
-    ...     pass  # train
+    >>> freeze()
+    >>> gc.get_freeze_count() > 0
+    True
+    >>> unfreeze()
+
+Measurements: ``docs/design/gc-freeze.md``.
 """
 
 from __future__ import annotations
@@ -32,27 +33,39 @@ from contextlib import contextmanager
 
 logger = logging.getLogger(__name__)
 
-#: whether :func:`dfdl.train` freezes the processes' heaps while it trains
-FREEZE = True
+
+#: whether this process's heap was frozen for good (:func:`freeze_for_good`)
+_FROZEN_FOR_GOOD = [False]
 
 
-def freeze() -> int:
-    """Collects garbage, then moves every object alive into the permanent generation;
-    returns how many objects are frozen now.
+def freeze() -> None:
+    """Collects garbage, then moves every object alive into the permanent generation.
 
     Example:
-        >>> freeze() > 0
+        >>> freeze()
+        >>> gc.get_freeze_count() > 0
         True
         >>> unfreeze()
     """
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+
+
+def freeze_for_good() -> None:
+    """:func:`freeze` the first time it runs in this process; nothing after that. For
+    the processes of dfdl's own embedded cluster, which :func:`frozen_heaps` does not
+    unfreeze."""
+    if not _FROZEN_FOR_GOOD[0]:
+        freeze()
+        _FROZEN_FOR_GOOD[0] = True
 
 
 def unfreeze() -> None:
-    """Returns the frozen objects to the collector's oldest generation."""
+    """Returns the frozen objects to the collector's oldest generation (but those of a
+    process frozen for good)."""
     gc.unfreeze()
+    if _FROZEN_FOR_GOOD[0]:
+        gc.freeze()
 
 
 def _elsewhere(fn, pid: int) -> None:
@@ -62,9 +75,11 @@ def _elsewhere(fn, pid: int) -> None:
 
 
 @contextmanager
-def frozen_heaps(client) -> Iterator[None]:
+def frozen_heaps(client, enabled: bool = True, *, owned: bool = False) -> Iterator[None]:
     """Freezes the heaps of this process, of ``client``'s workers and of its scheduler
-    (:func:`freeze`) for the duration of the block (not when :data:`FREEZE` is off).
+    (:func:`freeze`) for the duration of the block; ``enabled=False`` leaves them be.
+    With ``owned`` (dfdl's embedded cluster), the workers' and the scheduler's heaps are
+    frozen for good the first time (:func:`freeze_for_good`) and stay frozen.
 
     A process that cannot be reached is left as it is: the freeze only saves time.
 
@@ -72,21 +87,21 @@ def frozen_heaps(client) -> Iterator[None]:
         >>> with frozen_heaps(client):  # doctest: +SKIP
         ...     pass
     """
-    if not FREEZE:
+    if not enabled:
         yield
         return
     freeze()
     remote = (client.run, client.run_on_scheduler)
     for run in remote:
         try:
-            run(_elsewhere, freeze, os.getpid())
+            run(_elsewhere, freeze_for_good if owned else freeze, os.getpid())
         except Exception as e:  # noqa: BLE001 - an optimisation: never fail training
             logger.debug("dfdl: could not freeze a heap (%s)", e)
     try:
         yield
     finally:
-        gc.unfreeze()
-        for run in remote:
+        unfreeze()
+        for run in () if owned else remote:
             try:
                 run(_elsewhere, unfreeze, os.getpid())
             except Exception as e:  # noqa: BLE001

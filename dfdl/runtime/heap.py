@@ -1,36 +1,27 @@
 """Give freed tile memory back to the system, so a worker's resident memory follows its tiles.
 
-Tiles under glibc's mmap threshold (dfdl keeps it high: fresh mmaps made the kernels
-1.7x slower, :data:`dfdl.runtime.cluster.DASK_CONFIG`) live in the malloc heap. glibc
-gives freed heap memory back only from the top of the heap, so once small long-lived
-tiles (weights, optimizer state) sit between the freed activation tiles, the worker
-keeps the freed memory resident. Dask counts it as unmanaged memory it cannot spill:
-measured on a 3-D U-Net with 1 GiB workers, 470 MiB of a worker's 764 MiB were free
-heap, the worker paused at 80% with nothing left to spill, and Dask's nanny killed it at
-95%. ``malloc_trim(0)`` (which also frees the pages in the middle of the heap and in the
-other threads' arenas) brought the same worker to 295 MiB.
+Tiles under glibc's mmap threshold (kept high, :data:`dfdl.runtime.cluster.DASK_CONFIG`)
+live in the malloc heap, and glibc gives freed heap memory back only from the top of
+the heap: once small long-lived tiles (weights, optimizer state) sit between freed
+activation tiles, the worker keeps the freed memory resident, and Dask counts it as
+unmanaged memory it cannot spill. :class:`HeapTrimmer` is a worker plugin that checks,
+every ``interval`` seconds, whether the process's resident memory is above
+:func:`trim_floor` (half of Dask's lowest process-memory threshold), and only then the
+free heap (``mallinfo2``), which it trims (``malloc_trim(0)``) when it exceeds
+:func:`trim_threshold` of the worker's memory limit. It also trims before each of Dask's
+own memory measurements, so Dask's spill loop does not evict far more than it needs.
 
-:class:`HeapTrimmer` is a worker plugin that checks, every ``interval`` seconds, whether
-the process's resident memory is above :func:`trim_floor` (half of Dask's lowest
-process-memory threshold), and only then the free heap (``mallinfo2``: 8 µs on a quiet
-heap, more during a step, under the malloc lock), which it trims when it exceeds
-:func:`trim_threshold` of the worker's memory limit. Under the floor the free heap
-cannot make Dask spill or pause, and trimming it only costs the next step its page
-faults again. It also trims before each of Dask's own memory measurements:
-Dask's spill loop evicts one tile at a time until the process's resident memory falls
-below its target, and an evicted tile that stays in the heap does not lower it, so
-without a trim there the loop evicts far more than it needs (for up to 0.5 s, the event
-loop blocked) and the worker pauses with nothing left to spill.
-
-Every worker of dfdl's clusters has it, also after the nanny restarts it: they preload
-:mod:`dfdl.runtime.worker_setup`, which installs it. For other clusters, start the
-workers with ``dask worker --preload dfdl.runtime.worker_setup`` (dask-jobqueue:
-``worker_extra_args=["--preload", "dfdl.runtime.worker_setup"]``) or call
-:func:`install`.
-On a system without glibc it does nothing.
+Guarantees: tiles and values are untouched (only free pages go back); on a system
+without glibc it does nothing. Every worker of dfdl's clusters has it, also after the
+nanny restarts it (:mod:`dfdl.runtime.worker_setup` installs it); for other clusters,
+preload that module or call :func:`install`.
 
 Example:
+    >>> trim_threshold(2**30) // 2**20
+    32
     >>> install(Client("tcp://scheduler:8786"))  # doctest: +SKIP
+
+Measurements: ``docs/design/worker-memory.md``.
 """
 
 from __future__ import annotations
@@ -130,12 +121,9 @@ def trim_floor(memory_limit: int | None, fractions=(0.7, 0.8, 0.95)) -> int:
     :data:`TRIM_ABOVE` of the lowest of the process-memory ``fractions`` Dask acts on
     (spill, pause, terminate; None or False for one that is off).
 
-    Trimming costs the next step its page faults again: the zoo's transformer trimmed
-    20 times per step on the embedded cluster (790 MiB of free heap between its forward
-    and backward passes), faulting 25,600 pages per step back in; without the trims
-    4,400, and its step took 1.75 s instead of 1.96 s (its kernels 13% less time). Far
-    below every threshold, free heap held resident cannot make Dask spill, pause or
-    restart the worker, and the next step allocates it again anyway.
+    Trimming costs the next step its page faults again, and far below every threshold
+    free heap held resident cannot make Dask spill, pause or restart the worker
+    (measurements: ``docs/design/worker-memory.md``).
 
     Example:
         >>> trim_floor(2**30, (0.7, 0.7, 0.95)) // 2**20
@@ -190,11 +178,8 @@ class HeapTrimmer(WorkerPlugin):
         return self._measure[1]()
 
     def _check(self) -> None:
-        # resident size first: ``mallinfo2`` walks the free lists under the one malloc
-        # arena's lock, which the task threads wait on. During a ResNet step it was 7%
-        # of the event loop's py-spy samples, and checking the resident size first
-        # (under the floor on most workers) took the loop's CPU from 0.158 to 0.146 s
-        # per step (bench/cpu_use.py, 5 alternating fresh clusters)
+        # resident size first: ``mallinfo2`` walks the free lists under the malloc
+        # arena's lock, which the task threads wait on (docs/design/worker-memory.md)
         if self._rss() <= self.floor:
             return
         free = free_heap_bytes()

@@ -12,7 +12,9 @@ per gathered batch of steps, no extra round trips per task). The plugin adds the
 timings of each finished task to its step: the step is the second element of every
 dfdl task key, ``(f"{node}-{phase}-{token}", step, *tile)``.
 
-The page itself is :mod:`dfdl.runtime.dashboard`.
+Guarantee: monitoring never changes or stops a training: a scheduler that cannot take
+the plugin, or a failed event, switches reporting off (:class:`Reporter`). The page
+itself is :mod:`dfdl.runtime.dashboard`.
 
 Example:
     >>> monitor = TrainingMonitor()

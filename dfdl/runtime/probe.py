@@ -6,7 +6,8 @@ directory). Both rates are measured on every worker, the way tasks run there (on
 thread per task, files written without fsync as Dask's spill writes them, so the page
 cache counts as it does for spilling), and the slowest worker's count. On hardware you
 know, pin them with dask config: ``dfdl.speeds.flops-per-s`` and
-``dfdl.speeds.disk-bytes-per-s`` (either or both).
+``dfdl.speeds.disk-bytes-per-s`` (either or both). The speeds choose between spilling
+and recomputing only: either way a step computes the same values.
 
 Example:
     >>> speeds = cluster_speeds(client)  # doctest: +SKIP

@@ -1,35 +1,42 @@
-"""``dfdl.train``: train an ONNX model on a Dask cluster, and ``dfdl.training_graph``."""
+"""A training run: :class:`TrainingSession` is what ``dfdl.train`` runs.
+
+A session is built in separate, testable parts, each done before the next starts:
+
+1. :class:`TrainConfig` checks the arguments (``ConfigError`` before anything is loaded);
+2. the session loads the model and the data and checks them against each other, and
+   compiles the first step (:mod:`dfdl.plan.compile`): a bad model, bad data or a plan
+   that cannot fit raise here, before any cluster starts;
+3. :meth:`TrainingSession.run` connects to the cluster (the embedded one by default),
+   sends the initial weights, and submits the steps ``unroll`` at a time
+   (:func:`dfdl.runtime.trainer.run_steps`), collecting losses a submission late;
+   checkpoints, validation and anchors happen between submissions;
+4. a worker lost with data Dask cannot rebuild rolls training back to the latest anchor
+   or checkpoint (:mod:`dfdl.runtime.recovery`): the result is the same bits.
+
+Example:
+    >>> session = TrainingSession(model, (X, y), TrainConfig(batch_size=32))  # doctest: +SKIP
+    >>> result = session.run()                                                 # doctest: +SKIP
+"""
 
 from __future__ import annotations
 
-import copy
 import logging
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from dask.utils import format_bytes
 from distributed.scheduler import KilledWorker
-from onnx import numpy_helper
 
+from dfdl.data.checks import check_labels, split_data
 from dfdl.data.order import batch_plan, steps_per_epoch
-from dfdl.data.sources import ArraySource, as_source
 from dfdl.errors import ConfigError, DataError
-from dfdl.ir.bind import bind
-from dfdl.ir.onnx_io import ModelLike, from_ir, load_model, to_ir
+from dfdl.ir.onnx_io import ModelLike, load_model, to_ir
 from dfdl.ops.registry import TensorType
-from dfdl.plan.compile import (
-    SPLIT_NORMS,
-    StepPlan,
-    Workers,
-    choose_variant,
-    training_plan,
-)
-from dfdl.plan.tiling import make_plan
+from dfdl.plan.compile import StepPlan, Workers, choose_variant, training_plan
 from dfdl.runtime import checkpoint
 from dfdl.runtime.cluster import (
     connect,
@@ -42,6 +49,7 @@ from dfdl.runtime.cluster import (
 from dfdl.runtime.gc_freeze import frozen_heaps
 from dfdl.runtime.monitor import Reporter
 from dfdl.runtime.probe import cluster_speeds
+from dfdl.runtime.progress import Progress
 from dfdl.runtime.recovery import (
     MAX_ROLLBACKS,
     Anchor,
@@ -51,433 +59,424 @@ from dfdl.runtime.recovery import (
     rollback_error,
     wait_for_workers,
 )
+from dfdl.runtime.result import TrainResult, trained_model
 from dfdl.runtime.trainer import (
     ClusterState,
     Constants,
     LossCollector,
     SpillMeter,
     StepInput,
-    Throughput,
     run_steps,
 )
+from dfdl.runtime.validation import evaluate
 from dfdl.taskgraph.lower import new_token
-from dfdl.training.graph import TrainingGraph, build_training_graph
+from dfdl.taskgraph.optimize import GraphOptions
+from dfdl.training.graph import build_training_graph
+from dfdl.training.optimizers import SGD, Optimizer
 from dfdl.training.passes.recompute import MODES
 
 logger = logging.getLogger("dfdl")
 
 #: steps per graph submission when ``unroll`` is not given
 DEFAULT_UNROLL = 4
-#: fuse single-consumer tasks into their consumer where the plan allows it (:func:`_fusing`)
-FUSE_TASKS = True
 
 
-@dataclass
-class TrainResult:
-    """What :func:`train` returns.
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine runs a training, for measurements (``bench/ab.py``): the defaults
+    are the measured best, and no choice changes a result.
 
     Attributes:
-        history: ``"loss"``: one float per step, in order; ``"spilled_bytes"`` and
-            ``"unspilled_bytes"``: bytes the workers wrote to and read back from their
-            spill directories, per step (read from the workers at most once a
-            second and shared evenly by the steps in between: their tasks overlap);
-            with validation, ``"val_loss"`` (and ``"val_accuracy"`` for
-            classification) per epoch.
-        model: the ONNX model with the trained initializers (and BatchNorm statistics).
-        params: the trained parameters by name.
-        timings: seconds spent on the client: ``setup_s`` (loading, planning, sending
-            the initial weights), ``graph_s`` (building step graphs), ``submit_s``
-            (handing them to the scheduler), ``wait_s`` (waiting for losses and the
-            final weights; the cluster computes meanwhile), ``total_s``.
-        tiles: the tiling the steps ran with (``{"batch": b, "model": m}``, or
-            "uneven"): the automatic choice, split further where the workers' memory
-            limit required it. Pass it as ``tiles=`` to repeat the same plan.
-        recomputed: the forward nodes whose outputs the backward pass rebuilt instead
-            of keeping (``memory="recompute"``, or what ``"auto"`` chose).
-        rollbacks: how often a lost worker took data Dask could not rebuild with it,
-            so that training went back to the initial weights or the latest
-            checkpoint and replayed the steps since (the result is the same either
-            way; see :mod:`dfdl.runtime.recovery`).
-        fused: whether the steps ran with single-consumer tasks fused into their
-            consumer (:mod:`dfdl.taskgraph.fuse`, fewer and larger tasks, the same values):
-            off where the plan recomputes or its estimate spills.
+        graph: the task-graph optimizer's choices (:class:`~dfdl.taskgraph.optimize.
+            GraphOptions`).
+        freeze_heaps: freeze the Python heaps of the trainer, the workers and the
+            scheduler while training (:mod:`dfdl.runtime.gc_freeze`).
     """
 
-    history: dict[str, list] = field(default_factory=dict)
-    model: onnx.ModelProto | None = None
-    params: dict[str, np.ndarray] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    tiles: dict[str, int] | str | None = None
-    recomputed: list[str] = field(default_factory=list)
-    rollbacks: int = 0
-    fused: bool = False
-
-    def save(self, path) -> None:
-        """Write the trained model as an ONNX file (onnxruntime runs it)."""
-        onnx.save(self.model, str(path))
+    graph: GraphOptions = GraphOptions()
+    freeze_heaps: bool = True
 
 
-def _split_data(data, name: str) -> tuple[ArraySource, ArraySource | None]:
-    if isinstance(data, tuple | list) and len(data) == 2:
-        X, y = as_source(data[0], f"{name} X"), as_source(data[1], f"{name} y")
-        if len(X) != len(y):
-            raise DataError(f"{name}: X has {len(X)} samples but y has {len(y)}")
-        return X, y
-    return as_source(data, f"{name} X"), None
+@dataclass(frozen=True)
+class TrainConfig:
+    """The arguments of a training run, checked when made (see :func:`dfdl.train` for
+    their meaning).
 
+    Raises:
+        ConfigError: a value out of range, or options that need one another.
 
-def _check_labels(y: ArraySource, tg: TrainingGraph, loss: str, options: Mapping) -> None:
-    if loss not in ("cross_entropy", "dice"):
-        return
-    if y.dtype.kind not in "iu":
-        raise DataError(f"loss {loss!r} needs integer class labels; y has dtype {y.dtype}")
-    logits = tg.graph.types[tg.output]
-    classes = logits.shape[1] if logits.rank > 1 else logits.shape[0]
-    ignore = options.get("ignore_index")
-    for block in y.chunks():
-        bad = (block < 0) | (block >= classes)
-        if ignore is not None:
-            bad &= block != ignore
-        if bad.any():
-            v = block[bad].flat[0]
-            raise DataError(
-                f"label {int(v)} is out of range: the model has {classes} classes "
-                f"(valid labels 0..{classes - 1})"
+    Example:
+        >>> TrainConfig(batch_size=0)
+        Traceback (most recent call last):
+        dfdl.errors.ConfigError: batch_size must be a positive integer, not 0
+    """
+
+    loss: str = "cross_entropy"
+    optimizer: Optimizer = field(default_factory=lambda: SGD(lr=0.01))
+    batch_size: int = 64
+    epochs: int = 1
+    steps: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    tiles: Any = None
+    checkpoint_dir: Any = None
+    checkpoint_every: int | None = None
+    progress: bool = True
+    resume: bool = False
+    frozen: tuple[str, ...] = ()
+    drop_last: bool = False
+    unroll: int = DEFAULT_UNROLL
+    loss_options: Mapping[str, Any] = field(default_factory=dict)
+    memory: str = "auto"
+    engine: EngineOptions = EngineOptions()
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "epochs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+        for name in ("steps", "unroll"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+        if self.checkpoint_every is not None and self.checkpoint_dir is None:
+            raise ConfigError("checkpoint_every needs checkpoint_dir")
+        if self.memory not in MODES:
+            raise ConfigError(
+                f"memory must be one of {', '.join(map(repr, MODES))}, not {self.memory!r}"
             )
+        if self.resume and self.checkpoint_dir is None:
+            raise ConfigError("resume=True needs checkpoint_dir")
+        object.__setattr__(self, "frozen", tuple(self.frozen))
+        object.__setattr__(self, "loss_options", dict(self.loss_options))
 
 
-def train(
-    model: ModelLike,
-    data,
-    loss: str = "cross_entropy",
-    optimizer=None,
-    batch_size: int = 64,
-    epochs: int = 1,
-    steps: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    validation=None,
-    client=None,
-    tiles=None,
-    checkpoint_dir=None,
-    checkpoint_every: int | None = None,
-    progress: bool = True,
-    *,
-    resume: bool = False,
-    frozen: Iterable[str] = (),
-    drop_last: bool = False,
-    unroll: int | None = None,
-    loss_options: Mapping[str, Any] | None = None,
-    memory: str = "auto",
-) -> TrainResult:
-    """Train ``model`` on ``data`` on a Dask cluster.
+class TrainingSession:
+    """One training run of a model on data (see the module docstring).
 
     Args:
         model: ONNX path, bytes or ModelProto.
-        data: ``(X, y)`` (numpy arrays, dask arrays or ``.npy`` paths); or ``X`` alone
-            when ``loss`` names a model output.
-        loss: "cross_entropy", "mse", "bce_with_logits", "dice", or the name of a
-            model output that already is the loss.
-        optimizer: a :mod:`dfdl.optim` optimizer (default ``SGD(lr=0.01)``).
-        batch_size: samples per step.
-        epochs: passes over the data.
-        steps: stop after this many steps (default: ``epochs`` full passes).
-        shuffle: reshuffle every epoch from ``seed``; False keeps the order.
-        seed: seed of the data order and of Dropout masks.
-        validation: ``(X_val, y_val)`` evaluated (inference mode) after each epoch.
-        client: a ``distributed.Client``; None starts an embedded LocalCluster.
-        tiles: None (automatic), "uneven", or ``{"batch": b, "model": m, "space": s}``
-            (``space``: slabs along the first spatial axis of convolutions/pools;
-            ``"split_norms": 1`` tiles BatchNormalization over batch and space too;
-            ``"min_weight_tile"``: bytes below which a weight's model tiles keep its
-            outputs' model axes whole, as the automatic tiles do).
-        checkpoint_dir: where checkpoints go; with ``checkpoint_every`` steps.
-        checkpoint_every: steps between checkpoints.
-        progress: a tqdm bar on a terminal (steps, loss, samples/s).
-        resume: continue from the latest checkpoint in ``checkpoint_dir``.
-        frozen: initializer names that must not train.
-        drop_last: drop the last partial batch of each epoch.
-        unroll: steps per graph submission (default 4).
-        loss_options: ``weight`` (class weights) and ``ignore_index`` for cross_entropy.
-        memory: how the activations the backward pass reads are kept: ``"spill"`` (in
-            the workers' memory, spilled to their disks beyond the limit),
-            ``"recompute"`` (forward segments of about √n nodes rebuilt in the backward
-            pass from checkpoints, see :mod:`dfdl.training.passes.recompute`), or ``"auto"``: spill
-            unless the plan's estimate spills, then recompute the segments that are
-            faster to recompute than to spill (rates measured on the workers). The
-            numbers are the same bit for bit whichever is chosen.
+        data: ``(X, y)``, or ``X`` alone when the loss is a model output.
+        config: the run's arguments.
+        validation: ``(X_val, y_val)`` evaluated after each epoch, or None.
 
-    Returns:
-        :class:`TrainResult`.
-
-    Example:
-        >>> result = dfdl.train("mlp.onnx", data=(X, y), loss="cross_entropy",  # doctest: +SKIP
-        ...                     optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9))
-        >>> result.save("mlp-trained.onnx")                                       # doctest: +SKIP
+    Raises:
+        ModelError / UnsupportedOpError / ShapeError / DataError / MemoryPlanError: on
+            :meth:`run`, before any cluster starts.
     """
-    from dfdl import optim
 
-    t_start = time.perf_counter()
-    timings = {"setup_s": 0.0, "graph_s": 0.0, "submit_s": 0.0, "wait_s": 0.0}
-    optimizer = optimizer if optimizer is not None else optim.SGD(lr=0.01)
-    options = dict(loss_options or {})
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, not {batch_size!r}")
-    if not isinstance(epochs, int) or epochs < 1:
-        raise ConfigError(f"epochs must be a positive integer, not {epochs!r}")
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
-        raise ConfigError(f"steps must be a positive integer, not {steps!r}")
-    if checkpoint_every is not None and checkpoint_dir is None:
-        raise ConfigError("checkpoint_every needs checkpoint_dir")
-    if memory not in MODES:
-        raise ConfigError(f"memory must be one of {', '.join(map(repr, MODES))}, not {memory!r}")
-    proto = load_model(model)
-    graph = to_ir(proto)
-    X, y = _split_data(data, "data")
-    if len(graph.inputs) != 1:
-        raise ConfigError(
-            f"dfdl.train supports models with one data input; this one has {graph.inputs}"
-        )
-    n = len(X)
-    if n == 0:
-        raise DataError("data has no samples")
-    model_loss = loss in graph.outputs
-    if not model_loss and y is None:
-        raise DataError(f"loss {loss!r} needs labels: pass data=(X, y)")
-    cache: dict[int, StepPlan] = {}
-    cores = total_threads(client) if client is not None else default_workers()
-    limit = worker_memory_limit(client) if client is not None else embedded_memory_limit()
-    # tiles fit between the workers' own pause line and the headroom (graph.estimate)
-    workers = Workers(cores=cores, memory_limit=limit, thresholds=worker_memory_config(client))
-
-    def spilling_plan(b: int) -> StepPlan:
-        if b not in cache:
-            types = {graph.inputs[0]: TensorType((b, *X.shape[1:]), X.dtype)}
-            labels = None if y is None else TensorType((b, *y.shape[1:]), y.dtype)
-            tg = build_training_graph(
-                graph,
-                types,
-                loss=loss,
-                optimizer=optimizer,
-                labels=labels,
-                frozen=frozen,
-                seed=seed,
-                loss_options=options,
+    def __init__(self, model: ModelLike, data, config: TrainConfig, validation=None):
+        self.config = config
+        self.validation = validation
+        self.proto = load_model(model)
+        self.graph = to_ir(self.proto)
+        self.name = _model_name(model, self.proto)
+        self.X, self.y = split_data(data, "data")
+        if len(self.graph.inputs) != 1:
+            raise ConfigError(
+                f"dfdl.train supports models with one data input; this one has {self.graph.inputs}"
             )
-            cache[b] = training_plan(tg, tiles, workers)
-        return cache[b]
+        if len(self.X) == 0:
+            raise DataError("data has no samples")
+        self.model_loss = config.loss in self.graph.outputs
+        if not self.model_loss and self.y is None:
+            raise DataError(f"loss {config.loss!r} needs labels: pass data=(X, y)")
+        self.timings = {"setup_s": 0.0, "graph_s": 0.0, "submit_s": 0.0, "wait_s": 0.0}
+        self._spilling: dict[int, StepPlan] = {}
+        self._chosen: dict[int, StepPlan] = {}
 
-    first = spilling_plan(min(batch_size, n))  # model/data mismatches raise here, before any task
-    if y is not None and not model_loss:
-        _check_labels(y, first.tg, loss, options)
-    tg = first.tg
-    start = 0
-    values: dict[str, np.ndarray] = {}
-    if resume:
-        if checkpoint_dir is None:
-            raise ConfigError("resume=True needs checkpoint_dir")
-        found = checkpoint.load_latest(checkpoint_dir)
-        if found is not None:
-            start, values, _meta = found
-    if not values:
-        for p in tg.params + tg.buffers:
-            values[p] = _initial(graph, p)
+    # ------------------------------------------------------------------ compiling
+
+    def spilling_plan(self, batch: int, workers: Workers) -> StepPlan:
+        """The step plan for batches of ``batch`` samples, every activation kept
+        (cached per batch size; the last batch of an epoch may be smaller)."""
+        if batch not in self._spilling:
+            cfg = self.config
+            X, y = self.X, self.y
+            labels = None if y is None else TensorType((batch, *y.shape[1:]), y.dtype)
+            tg = build_training_graph(
+                self.graph,
+                {self.graph.inputs[0]: TensorType((batch, *X.shape[1:]), X.dtype)},
+                loss=cfg.loss,
+                optimizer=cfg.optimizer,
+                labels=labels,
+                frozen=cfg.frozen,
+                seed=cfg.seed,
+                loss_options=cfg.loss_options,
+            )
+            self._spilling[batch] = training_plan(tg, cfg.tiles, workers)
+        return self._spilling[batch]
+
+    def chosen_plan(self, batch: int, workers: Workers, client) -> StepPlan:
+        """The step plan a run submits: spill or recompute chosen on the client's workers
+        (:func:`dfdl.plan.compile.choose_variant`)."""
+        if batch not in self._chosen:
+            sp = choose_variant(
+                self.spilling_plan(batch, workers),
+                self.config.memory,
+                workers,
+                lambda: cluster_speeds(client),
+            )
+            tg = sp.tg
+            for k in tg.frozen:  # float initializers that stay constant are graph inputs
+                if k in tg.graph.inputs:
+                    tg.graph.initializers.setdefault(k, _initial(self.graph, k))
+            self._chosen[batch] = sp
+        return self._chosen[batch]
+
+    def check(self, workers: Workers) -> StepPlan:
+        """Compile the first step and check the labels against the model: every error
+        the model, the data or the plan can raise, before any cluster starts."""
+        cfg = self.config
+        first = self.spilling_plan(min(cfg.batch_size, len(self.X)), workers)
+        if self.y is not None and not self.model_loss:
+            logits = first.tg.graph.types[first.tg.output]
+            classes = logits.shape[1] if logits.rank > 1 else logits.shape[0]
+            check_labels(self.y, cfg.loss, classes, cfg.loss_options.get("ignore_index"))
+        return first
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, client=None) -> TrainResult:
+        """Train to the end of the schedule on ``client``'s cluster (None: the embedded
+        one) and return the result."""
+        t_start = time.perf_counter()
+        cfg = self.config
+        workers = Workers(
+            cores=total_threads(client) if client is not None else default_workers(),
+            memory_limit=(
+                worker_memory_limit(client) if client is not None else embedded_memory_limit()
+            ),
+            # tiles fit between the workers' own pause line and the headroom (plan.estimate)
+            thresholds=worker_memory_config(client),
+        )
+        first = self.check(workers)
+        tg = first.tg
+        start, values = self._start(tg)
+        schedule = list(
+            batch_plan(
+                len(self.X),
+                cfg.batch_size,
+                epochs=cfg.epochs,
+                steps=cfg.steps,
+                shuffle=cfg.shuffle,
+                seed=cfg.seed,
+                drop_last=cfg.drop_last,
+                start=start,
+            )
+        )
+        # every step's lr from the schedule, so a bad schedule fails before any task
+        feeds = {
+            step: cfg.optimizer.step_feeds(step + 1, tg.scalars[0], tg.step_inputs)
+            for step, _epoch, _idx in schedule
+        }
+        total = start + len(schedule)
+        with connect(client) as c:
+            nthreads = c.nthreads()
+            on = replace(workers, processes=len(nthreads), threads=max(nthreads.values()))
+            anchor = Anchor(start, {k: values[k] for k in tg.carried()})
+            del values
+            reporter = Reporter(
+                c,
+                f"{self.name}-{new_token()}",
+                model=self.name,
+                batch_size=cfg.batch_size,
+                total=total,
+                threads=workers.cores,
+            )
+            progress = Progress(
+                reporter, show=cfg.progress, total=total, start=start, batch_size=cfg.batch_size
+            )
+            collector = LossCollector(
+                c, lambda step, v: progress.loss(step, v, collector.total[0]), SpillMeter(c)
+            )
+            run = _Run(self, c, on, schedule, feeds, anchor, collector, reporter)
+            run.owned = client is None  # the embedded cluster: dfdl's own processes
+            self.timings["setup_s"] = time.perf_counter() - t_start
+            try:
+                final = run.with_recovery(progress)
+            finally:
+                progress.close()
+        return self._result(run, progress, collector, final, t_start)
+
+    def _start(self, tg) -> tuple[int, dict[str, np.ndarray]]:
+        """The step to start at and the carried values there: the latest checkpoint's
+        with ``resume``, else the model's initializers and fresh optimizer state."""
+        cfg = self.config
+        if cfg.resume:
+            found = checkpoint.load_latest(cfg.checkpoint_dir)
+            if found is not None:
+                start, values, _meta = found
+                if values:
+                    return start, values
+        values = {p: _initial(self.graph, p) for p in tg.params + tg.buffers}
         for p in tg.params:
-            for sname, v in zip(tg.states[p], optimizer.init_state(values[p])):
+            for sname, v in zip(tg.states[p], cfg.optimizer.init_state(values[p])):
                 values[sname] = v
-    history: dict[str, list] = {"loss": []}
-    per_epoch = steps_per_epoch(n, batch_size, drop_last)
-    schedule = list(
-        batch_plan(
-            n,
-            batch_size,
-            epochs=epochs,
-            steps=steps,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            start=start,
+        return 0, values
+
+    def _result(self, run, progress, collector, final, t_start) -> TrainResult:
+        first = run.first
+        tg = first.tg
+        history: dict[str, list] = {"loss": []}
+        done = sorted(progress.losses)
+        spilled = [collector.spilled.get(s, (0, 0)) for s in done]
+        history["loss"] = [progress.losses[s] for s in done]
+        history["spilled_bytes"] = [written for written, _ in spilled]
+        history["unspilled_bytes"] = [read for _, read in spilled]
+        for epoch in sorted(run.validated):
+            for k, v in run.validated[epoch].items():
+                history.setdefault(f"val_{k}", []).append(v)
+        params = {k: final[k] for k in tg.params + tg.buffers}
+        self.timings["total_s"] = time.perf_counter() - t_start
+        fused = self.config.engine.graph.fuse and all(sp.fits for sp in self._chosen.values())
+        return TrainResult(
+            history,
+            trained_model(self.proto, params),
+            params,
+            dict(self.timings),
+            first.plan.tiles,
+            sorted(set(first.tg.recomputed.values())),
+            run.rollbacks,
+            bool(self._chosen) and fused,
         )
-    )
-    total = start + len(schedule)
-    # every step's lr from the schedule, so a bad schedule fails before any task
-    feeds = {
-        step: optimizer.step_feeds(step + 1, tg.scalars[0], tg.step_inputs)
-        for step, _epoch, _idx in schedule
-    }
-    unroll = unroll or DEFAULT_UNROLL
-    bar = _progress(progress, total, start)
-    with connect(client) as c:
-        chosen: dict[int, StepPlan] = {}
 
-        nthreads = c.nthreads()
-        on = replace(workers, processes=len(nthreads), threads=max(nthreads.values()))
 
-        def plans(b: int) -> StepPlan:
-            if b not in chosen:
-                sp = choose_variant(spilling_plan(b), memory, on, lambda: cluster_speeds(c))
-                chosen[b] = sp if FUSE_TASKS else replace(sp, fits=False)
-            return chosen[b]
+class _Run:
+    """The submission loop of one :meth:`TrainingSession.run` on a connected client."""
 
-        first = plans(min(batch_size, n))
-        carried = tg.carried()
-        for k in tg.frozen:  # float initializers that stay constant are inputs of the graph
-            if k in tg.graph.inputs:
-                tg.graph.initializers.setdefault(k, _initial(graph, k))
-        anchor = Anchor(start, {k: values[k] for k in carried})
-        del values
-        speed = Throughput()
-        losses_by_step: dict[int, float] = {}
-        validated: dict[int, dict[str, float]] = {}
+    def __init__(self, session, client, workers, schedule, feeds, anchor, collector, reporter):
+        self.session = session
+        self.client = client
+        self.workers = workers
+        self.schedule = schedule
+        self.feeds = feeds
+        self.anchor = anchor
+        self.collector = collector
+        self.reporter = reporter
+        self.validated: dict[int, dict[str, float]] = {}
+        self.rollbacks = 0
+        self.owned = False
+        cfg = session.config
+        self.first = session.chosen_plan(min(cfg.batch_size, len(session.X)), workers, client)
+        self.tg = self.first.tg
+        self.per_epoch = steps_per_epoch(len(session.X), cfg.batch_size, cfg.drop_last)
 
-        def on_loss(step: int, value: float) -> None:
-            losses_by_step[step] = value
-            reporter.step(step, value)
-            if bar is not None:
-                bar.update(1)
-                shown = {"loss": f"{value:.4g}", "samples_s": f"{speed.add(batch_size):.0f}"}
-                if collector.total[0]:
-                    shown["spilled"] = format_bytes(collector.total[0])
-                bar.set_postfix(shown)
+    def plan(self, batch: int) -> StepPlan:
+        return self.session.chosen_plan(batch, self.workers, self.client)
 
-        collector = LossCollector(c, on_loss, SpillMeter(c))
-        anchors = AnchorPolicy()
-        name = _model_name(model, proto)
-        reporter = Reporter(
-            c,
-            f"{name}-{new_token()}",
-            model=name,
-            batch_size=batch_size,
-            total=total,
-            threads=cores,
-        )
-        timings["setup_s"] = time.perf_counter() - t_start
-
-        def attempt() -> dict[str, np.ndarray]:
-            """Train from the anchor to the end of the schedule; the final carried values."""
-            nonlocal anchor
-            state = ClusterState.scatter(c, anchor.arrays, first.plan.chunks)
-            token = new_token()
-            reporter.token(token)
-            constants = Constants(c)
-            group: list[StepInput] = []
-            for i, (step, epoch, idx) in enumerate(schedule):
-                if step < anchor.step:
-                    continue
-                arrays = {graph.inputs[0]: X.batch(idx)}
-                if y is not None and not model_loss:
-                    arrays[tg.labels] = y.batch(idx)
-                group.append(StepInput(step, arrays, feeds[step]))
-                last = i == len(schedule) - 1
-                ckpt_now = checkpoint_every and (step + 1) % checkpoint_every == 0
-                epoch_end = (step + 1) % per_epoch == 0
-                if len(group) >= unroll or last or ckpt_now or (epoch_end and validation):
-                    state, losses = run_steps(
-                        c, plans, group, state, constants, seed=seed, token=token, timings=timings
-                    )
-                    collector.add(losses)
-                    t_wait = time.perf_counter()
-                    collector.collect(keep_last=len(losses))
-                    reporter.flush()
-                    timings["wait_s"] += time.perf_counter() - t_wait
-                    group = []
-                    if ckpt_now:
-                        collector.collect()
-                        arrays_now = state.gather(c, tg.graph.types)
-                        checkpoint.save(
-                            checkpoint_dir,
-                            step + 1,
-                            arrays_now,
-                            {"seed": seed, "batch_size": batch_size},
-                        )
-                        anchor = Anchor(step + 1, {k: arrays_now[k] for k in carried})
-                    elif not last and anchors.due():
-                        t_anchor = time.perf_counter()
-                        collector.collect()
-                        anchor = Anchor(step + 1, state.gather(c, tg.graph.types))
-                        anchors.taken(time.perf_counter() - t_anchor)
-                    if epoch_end and validation is not None:
-                        collector.collect()
-                        validated[epoch] = evaluate(
-                            c,
-                            graph,
-                            state,
-                            tg,
-                            validation,
-                            loss,
-                            options,
-                            batch_size,
-                            tiles,
-                            cores,
-                            limit,
-                        )
-                        reporter.validation(step + 1, validated[epoch])
-            t_wait = time.perf_counter()
-            collector.collect(final=True)
-            out = state.gather(c, tg.graph.types)
-            timings["wait_s"] += time.perf_counter() - t_wait
-            return out
-
-        rollbacks = 0
+    def with_recovery(self, progress: Progress) -> dict[str, np.ndarray]:
+        """:meth:`attempt`, replayed from the anchor while lost data can be rebuilt that
+        way (at most ``MAX_ROLLBACKS`` times)."""
+        c = self.client
         while True:
             try:
-                with frozen_heaps(c):
-                    final = attempt()
-                reporter.end("done")
-                break
+                with frozen_heaps(c, self.session.config.engine.freeze_heaps, owned=self.owned):
+                    final = self.attempt()
+                self.reporter.end("done")
+                return final
             except Exception as e:  # noqa: BLE001 - only lost data is retried
-                if not is_lost_data(e) or rollbacks >= MAX_ROLLBACKS:
-                    reporter.end("failed")
+                if not is_lost_data(e) or self.rollbacks >= MAX_ROLLBACKS:
+                    self.reporter.end("failed")
                 if isinstance(e, KilledWorker):
                     raise killed_worker_error(e) from e
                 if not is_lost_data(e):
                     raise
-                rollbacks += 1
-                if rollbacks > MAX_ROLLBACKS:
-                    raise rollback_error(e, rollbacks) from e
+                self.rollbacks += 1
+                if self.rollbacks > MAX_ROLLBACKS:
+                    raise rollback_error(e, self.rollbacks) from e
                 logger.warning(
                     "dfdl: a worker was lost with data Dask cannot rebuild (%s); replaying "
                     "from step %d (rollback %d of at most %d)",
                     e,
-                    anchor.step,
-                    rollbacks,
+                    self.anchor.step,
+                    self.rollbacks,
                     MAX_ROLLBACKS,
                 )
-                collector.drop_pending()
-                reporter.rollback(anchor.step)
-                if bar is not None:
-                    bar.n = anchor.step
-                    bar.refresh()
+                self.collector.drop_pending()
+                progress.rollback(self.anchor.step)
                 wait_for_workers(c)
-    if bar is not None:
-        bar.close()
-    done = sorted(losses_by_step)
-    spilled = [collector.spilled.get(s, (0, 0)) for s in done]
-    history["loss"] = [losses_by_step[s] for s in done]
-    history["spilled_bytes"] = [written for written, _ in spilled]
-    history["unspilled_bytes"] = [read for _, read in spilled]
-    for epoch in sorted(validated):
-        for k, v in validated[epoch].items():
-            history.setdefault(f"val_{k}", []).append(v)
-    params = {k: final[k] for k in tg.params + tg.buffers}
-    timings["total_s"] = time.perf_counter() - t_start
-    return TrainResult(
-        history,
-        _trained_model(proto, params),
-        params,
-        timings,
-        first.plan.tiles,
-        sorted(set(first.tg.recomputed.values())),
-        rollbacks,
-        bool(chosen) and all(sp.fits for sp in chosen.values()),
-    )
+
+    def attempt(self) -> dict[str, np.ndarray]:
+        """Train from the anchor to the end of the schedule; the final carried values."""
+        s, c, cfg, tg = self.session, self.client, self.session.config, self.tg
+        timings = s.timings
+        state = ClusterState.scatter(c, self.anchor.arrays, self.first.plan.chunks)
+        token = new_token()
+        self.reporter.token(token)
+        constants = Constants(c)
+        anchors = AnchorPolicy()
+        group: list[StepInput] = []
+        for i, (step, epoch, idx) in enumerate(self.schedule):
+            if step < self.anchor.step:
+                continue
+            arrays = {s.graph.inputs[0]: s.X.batch(idx)}
+            if s.y is not None and not s.model_loss:
+                arrays[tg.labels] = s.y.batch(idx)
+            group.append(StepInput(step, arrays, self.feeds[step]))
+            last = i == len(self.schedule) - 1
+            ckpt_now = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
+            epoch_end = (step + 1) % self.per_epoch == 0
+            if not (len(group) >= cfg.unroll or last or ckpt_now or (epoch_end and s.validation)):
+                continue
+            state, losses = run_steps(
+                c,
+                self.plan,
+                group,
+                state,
+                constants,
+                seed=cfg.seed,
+                token=token,
+                timings=timings,
+                options=cfg.engine.graph,
+            )
+            self.collector.add(losses)
+            t_wait = time.perf_counter()
+            self.collector.collect(keep_last=len(losses))
+            self.reporter.flush()
+            timings["wait_s"] += time.perf_counter() - t_wait
+            group = []
+            if ckpt_now:
+                self.collector.collect()
+                now = state.gather(c, tg.graph.types)
+                checkpoint.save(
+                    cfg.checkpoint_dir,
+                    step + 1,
+                    now,
+                    {"seed": cfg.seed, "batch_size": cfg.batch_size},
+                )
+                self.anchor = Anchor(step + 1, {k: now[k] for k in tg.carried()})
+            elif not last and anchors.due():
+                t_anchor = time.perf_counter()
+                self.collector.collect()
+                self.anchor = Anchor(step + 1, state.gather(c, tg.graph.types))
+                anchors.taken(time.perf_counter() - t_anchor)
+            if epoch_end and s.validation is not None:
+                self.collector.collect()
+                current = state.gather(c, tg.graph.types)
+                self.validated[epoch] = evaluate(
+                    c,
+                    s.graph,
+                    {k: current[k] for k in tg.params + tg.buffers},
+                    s.validation,
+                    cfg.loss,
+                    cfg.loss_options,
+                    cfg.batch_size,
+                    cfg.tiles,
+                    self.workers.cores,
+                    self.workers.memory_limit,
+                )
+                self.reporter.validation(step + 1, self.validated[epoch])
+        t_wait = time.perf_counter()
+        self.collector.collect(final=True)
+        out = state.gather(c, tg.graph.types)
+        timings["wait_s"] += time.perf_counter() - t_wait
+        return out
 
 
 def _model_name(model, proto: onnx.ModelProto) -> str:
     """A short name for the dashboard: the file's stem, else the ONNX graph's name."""
     if isinstance(model, str) or hasattr(model, "__fspath__"):
-        from pathlib import Path
-
         return Path(model).stem
     return proto.graph.name or "model"
 
@@ -486,100 +485,8 @@ def _initial(graph, name: str) -> np.ndarray:
     return np.array(graph.initializers[name], copy=True)
 
 
-def _progress(progress: bool, total: int, start: int):
-    if not progress or not sys.stderr.isatty():
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=start, unit="step", desc="dfdl.train")
-
-
-def _trained_model(proto: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    out = copy.deepcopy(proto)
-    for t in out.graph.initializer:
-        if t.name in params:
-            t.CopyFrom(numpy_helper.from_array(np.asarray(params[t.name]), t.name))
-    return out
-
-
-def evaluate(
-    client, graph, state, tg, validation, loss, options, batch_size, tiles, cores, memory=None
-):
-    """Validation loss (and accuracy for class labels) with the current weights."""
-    from dfdl.runtime.executor import execute
-    from dfdl.training.autodiff import GradBuilder
-    from dfdl.training.losses import build_loss
-
-    Xv, yv = _split_data(validation, "validation")
-    if isinstance(tiles, Mapping):  # inference has no BatchNorm statistics to split
-        tiles = {k: v for k, v in tiles.items() if k != SPLIT_NORMS}
-    current = state.gather(client, tg.graph.types)
-    g = graph.copy()
-    for k in tg.params + tg.buffers:
-        g.initializers[k] = current[k]
-    total_loss, correct, count = 0.0, 0, 0
-    out_name = g.outputs[0]
-    for i in range(0, len(Xv), batch_size):
-        xb = Xv.take(np.arange(i, min(i + batch_size, len(Xv))))
-        feeds = {g.inputs[0]: xb}
-        types = {g.inputs[0]: TensorType(xb.shape, xb.dtype)}
-        bg = bind(g, types)
-        if yv is not None and loss not in g.outputs:
-            yb = yv.take(np.arange(i, i + len(xb)))
-            bg.inputs.append("labels")
-            bg.types["labels"] = TensorType(yb.shape, yb.dtype)
-            feeds["labels"] = yb
-            lname = build_loss(GradBuilder(bg, phase="loss"), loss, [out_name], "labels", **options)
-            bg.outputs = [lname, out_name]
-        out = execute(make_plan(bg, tiles, cores=cores, memory_limit=memory), feeds, client)
-        if yv is not None and loss not in g.outputs:
-            total_loss += float(out[bg.outputs[0]]) * len(xb)
-            if loss in ("cross_entropy",) and out[out_name].ndim >= 2:
-                correct += int((out[out_name].argmax(axis=1) == yb).sum())
-        count += len(xb)
-    metrics = {"loss": total_loss / count}
-    if loss == "cross_entropy":
-        metrics["accuracy"] = correct / count
-    return metrics
-
-
-def training_graph(
-    model: ModelLike,
-    loss: str = "cross_entropy",
-    optimizer=None,
-    *,
-    batch_size: int = 1,
-    labels_shape: tuple[int, ...] | None = None,
-    labels_dtype=np.int64,
-    frozen: Iterable[str] = (),
-) -> onnx.ModelProto:
-    """The training graph (forward, loss, backward, update) as an ONNX model.
-
-    The model passes ``onnx.checker``; dfdl's backward ops live in the ``dfdl`` domain,
-    declared in the opset imports. Open it in a model viewer (Netron) to see what
-    ``dfdl.train`` runs.
-
-    Example:
-        >>> m = dfdl.training_graph(dfdl.models.mlp(), "cross_entropy",  # doctest: +SKIP
-        ...                         dfdl.optim.SGD(lr=0.1, momentum=0.9))
-    """
-    from dfdl import optim
-
-    optimizer = optimizer if optimizer is not None else optim.SGD(lr=0.01)
-    graph = to_ir(load_model(model))
-    declared, dtype = graph.declared[graph.inputs[0]]
-    shape = tuple(batch_size if not isinstance(d, int) else d for d in declared)
-    labels = None
-    if loss not in graph.outputs:
-        labels = TensorType(labels_shape or (batch_size,), labels_dtype)
-    tg = build_training_graph(
-        graph,
-        {graph.inputs[0]: TensorType(shape, dtype)},
-        loss=loss,
-        optimizer=optimizer,
-        labels=labels,
-        frozen=frozen,
-    )
-    m = from_ir(tg.graph, symbolic=False)
-    onnx.checker.check_model(m)
-    return m
+def train_config(frozen: Iterable[str] = (), **kwargs) -> TrainConfig:
+    """A :class:`TrainConfig` from :func:`dfdl.train`'s keyword arguments (None: the
+    default of that argument)."""
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    return TrainConfig(frozen=tuple(frozen), **given)

@@ -1,5 +1,13 @@
 """SLURM jobs as a Dask cluster (dask-jobqueue), with dfdl's worker settings.
 
+:func:`slurm` (``dfdl.cluster.slurm``) starts ``jobs`` SLURM jobs of Dask workers, each
+running ``processes`` worker processes that share the job's ``cores`` and ``memory``;
+the scheduler runs in this process. Every worker gets dfdl's settings (the worker
+preload :mod:`dfdl.runtime.worker_setup`, the malloc settings and the pause at the spill
+line of :mod:`dfdl.runtime.cluster`) and a memory limit of ``memory / processes``, for
+which dfdl plans tiles. :func:`parse_slurm` reads ``dfdl train --slurm`` settings.
+Arguments are checked before any job is submitted (a :class:`~dfdl.errors.ConfigError`).
+
 Example:
     >>> import dfdl
     >>> from distributed import Client

@@ -1,21 +1,20 @@
 """Submitting a task graph to the cluster without hashing every task first.
 
-``Client.get(dict, keys)`` wraps the graph in an expression whose name is a
-deterministic hash of every task in it: each ``Task`` is tokenized, which pickles its
-function and arguments. dfdl's graphs are new every step (fresh keys) and never
-deduplicated by that name, so the hash buys nothing, and it runs in the process that
-also hosts the embedded cluster's scheduler, holding the GIL the scheduler needs:
-measured with ``py-spy`` on the ResNet benchmark, 45% of the training loop's CPU time
-(about 76 ms per step) went to it. :func:`get` names the expression with a random
-token instead and goes through the same public ``Client.get``.
+``Client.get(dict, keys)`` names the graph by a deterministic hash of every task in it
+(each ``Task`` is pickled to be tokenized), in the process that also hosts the embedded
+cluster's scheduler. dfdl's graphs have fresh keys every step and are never
+deduplicated by that name, so :func:`get` names the expression with a random token
+instead and goes through the same public ``Client.get``. It also keeps Dask's "Sending
+large graph" warning quiet: the batch tiles of up to
+:data:`dfdl.runtime.trainer.EMBED_BYTES` embedded in step graphs are there on purpose.
 
-It also keeps Dask's "Sending large graph" warning quiet: dfdl embeds batch tiles of up
-to :data:`dfdl.runtime.trainer.EMBED_BYTES` in the graphs of several steps on purpose
-(larger ones are scattered), so the warning's advice to load the data with Dask does
-not apply to what a user wrote.
+Guarantees: the same keys, futures and results as ``client.get(dsk, keys)``; on a dask
+without that expression type the client hashes the graph as before.
 
 Example:
     >>> futures = get(client, dsk, ["y"])  # doctest: +SKIP
+
+Measurements: ``docs/design/submit.md``.
 """
 
 from __future__ import annotations
@@ -24,9 +23,6 @@ import uuid
 from collections.abc import Hashable, Mapping, Sequence
 
 import dask
-
-#: whether graphs are submitted under a random name (False: ``Client.get``'s own hash)
-PRETOKENIZED = True
 
 
 def _expression(dsk: Mapping):
@@ -57,6 +53,6 @@ def get(client, dsk: Mapping, keys: Sequence[Hashable], sync: bool = False):
         >>> get(client, {"y": Task("y", abs, -2)}, ["y"], sync=True)  # doctest: +SKIP
         [2]
     """
-    graph = _expression(dsk) if PRETOKENIZED else dsk
+    graph = _expression(dsk)
     with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 TiB"}):
         return client.get(graph, list(keys), sync=sync)

@@ -3,23 +3,20 @@
 Every Dask worker counts its tasks per ``(prefix, state)`` and integrates those counts
 over time (``WorkerState.task_counter``: the Prometheus metrics and
 ``Worker._to_dict`` read it). Dask's :class:`~distributed.worker_state_machine.TaskCounter`
-adds the elapsed time to every ``(prefix, state)`` pair at every transition: a cost
-proportional to the number of pairs. dfdl's keys are named by ONNX node, so a training
-step of the transformer holds about 700 pairs on a worker, and that loop took about a
-fifth of the worker's event-loop CPU (py-spy), CPU the compute threads of a small
-machine then lack.
-
+adds the elapsed time to every pair at every transition, a cost proportional to the
+number of pairs, and dfdl's keys, named by ONNX node, make hundreds of them.
 :class:`LazyTaskCounter` keeps, per pair, the time its count last changed, and adds
 ``count * elapsed`` to a pair only when its count changes or when the totals are read.
-The counts are identical and the integrals equal up to rounding, at a cost per
-transition proportional to the tasks that moved. The transformer's training steps ran
-6.2-7.0 s instead of 7.0-8.1 s with Dask's counter (two alternating pairs of processes).
 
-:mod:`dfdl.runtime.worker_setup` installs it in every dfdl worker.
+Guarantees: the counts are identical to Dask's and the integrals equal up to rounding,
+at a cost per transition proportional to the tasks that moved.
+:mod:`dfdl.runtime.worker_setup` installs it in every dfdl worker (:func:`install`).
 
 Example:
     >>> install(worker)  # doctest: +SKIP
     True
+
+Measurements: ``docs/design/task-counter.md``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,22 @@
 """The training loop: weights and optimizer state live on the cluster between steps.
 
-Each submission unrolls ``unroll`` steps into one task graph: step ``k+1`` reads step
-``k``'s new parameters by task reference, the batch tiles travel inside the graph, and
-the submission asks only for the last step's carried values (as Futures, which stay on
-the workers) and every step's loss. The next submission is made before the previous
-one finishes, so the scheduler overlaps them; losses are gathered a submission late,
-in bulk, never with a round trip per step.
+:func:`run_steps` submits ``unroll`` steps as one task graph: step ``k+1`` reads step
+``k``'s new parameters by task reference, batch tiles of at most :data:`EMBED_BYTES`
+travel inside the graph (larger ones are scattered), and the submission asks only for
+the last step's carried values (as Futures, which stay on the workers in
+:class:`ClusterState`) and every step's loss. The next submission is made before the
+previous one finishes, so the scheduler overlaps them; losses are gathered a
+submission late, in bulk (:class:`LossCollector`), never with a round trip per step.
+
+Guarantees: a step is a pure function of the carried state, its batch and its seeds,
+and the task-graph optimizer's ``options`` change only how tasks are grouped, so the
+losses and weights are the same bit for bit whatever the options. A
+cluster whose workers all stay paused for memory is a
+:class:`~dfdl.errors.TrainingError` (:func:`gather_watching`), not a hang.
+
+Example:
+    >>> state, losses = run_steps(client, plans, steps, state, constants,  # doctest: +SKIP
+    ...                           seed=0, token=new_token())
 """
 
 from __future__ import annotations
@@ -22,23 +33,16 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
-from dfdl.ops import lookup
 from dfdl.plan.compile import StepPlan
-from dfdl.plan.estimate import DASK_TARGET
-from dfdl.plan.tiling import TASK_MEMORY_FRACTION, Plan
+from dfdl.plan.tiling import Plan
 from dfdl.runtime import submit
 from dfdl.runtime.cluster import byte_batches, transfer_budget
-from dfdl.taskgraph import gang, step_tasks
-from dfdl.taskgraph.fuse import LIGHT_BYTES, TINY_BYTES, fuse_into_consumers, inline_data
 from dfdl.taskgraph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
-from dfdl.taskgraph.pack import pack_bodies
+from dfdl.taskgraph.optimize import GraphOptions, optimize
+from dfdl.taskgraph.tile_exec import assemble_task
 
 #: batch tiles above this size are scattered rather than embedded in the graph
 EMBED_BYTES = 4 * 2**20
-#: whether embedded data runs inside the tasks that read it (:func:`inline_data`)
-INLINE_DATA = True
-#: whether large task bodies are pickled once here, not at every dispatch (graph.pack)
-PACK = True
 
 
 @dataclass
@@ -153,11 +157,14 @@ def run_steps(
     seed: int,
     token: str,
     timings: dict[str, float] | None = None,
+    options: GraphOptions = GraphOptions(),
 ) -> tuple[ClusterState, list[tuple[int, Any]]]:
     """Submit ``steps`` as one graph; returns the new state and (step, loss future) pairs.
 
-    ``timings`` (if given) accumulates seconds spent building the graph (``graph_s``)
-    and handing it to the scheduler (``submit_s``) on the client.
+    The graph is lowered step by step and grouped by the task-graph optimizer
+    (:func:`dfdl.taskgraph.optimize.optimize` with ``options``). ``timings`` (if given)
+    accumulates seconds spent building the graph (``graph_s``) and handing it to the
+    scheduler (``submit_s``) on the client.
     """
     t0 = time.perf_counter()
     dsk: dict = {}
@@ -206,49 +213,15 @@ def run_steps(
         | {k for _, (k, _) in loss_keys},
         key=str,
     )
-    if all(sp.fits for sp in used.values()):
-        # one worker process: tiles never move (one round trip to the scheduler asks)
-        nthreads = list(client.nthreads().values())
-        one_worker = len(nthreads) == 1
-        dsk = fuse_into_consumers(
-            dsk,
-            keep=wanted,
-            stays=_contractions(used.values(), token),
-            light=_light(used.values(), token),
-            small=_small_contractions(used.values(), token),
-            # one worker process only: elsewhere each reader would fetch every tile's
-            # packed output (activation and partial) instead of one merge fetching them
-            tiny=_tiny_outputs(used.values(), token) if one_worker else None,
-        )
-        # one process only: a step's task, or a gang, pulls all its inputs to one worker
-        grouped = (
-            step_tasks.group_steps(
-                dsk,
-                keep=wanted,
-                name=lambda s: (task_name(step_tasks.STEP_NAME, token), s),
-                weight=_task_memory(used.values(), token),
-                budget=_step_budget(used.values()),
-            )
-            if step_tasks.STEP_TASKS and one_worker
-            else None
-        )
-        if grouped is not None:
-            dsk = grouped
-        elif gang.GANG and one_worker:
-            (threads,) = nthreads
-            dsk = gang.gang_siblings(
-                dsk,
-                keep=wanted,
-                width=threads,
-                fits=_gang_fits(used.values(), token),
-                joins=_tiny_outputs(used.values(), token),
-                weight=_task_memory(used.values(), token),
-                budget=_chain_budget(used.values(), threads),
-            )
-    if INLINE_DATA:
-        dsk = inline_data(dsk, keep=wanted)
-    if PACK:
-        dsk = pack_bodies(dsk)
+    dsk = optimize(
+        dsk,
+        wanted,
+        used.values(),
+        token=token,
+        # one round trip to the scheduler, only when tasks are grouped
+        nthreads=lambda: list(client.nthreads().values()),
+        options=options,
+    )
     t1 = time.perf_counter()
     futures = dict(zip(wanted, submit.get(client, dsk, wanted, sync=False)))
     if timings is not None:
@@ -260,94 +233,6 @@ def run_steps(
     }
     losses = [(step, (futures[k], pos)) for step, (k, pos) in loss_keys]
     return ClusterState(new_refs, chunks, keep), losses
-
-
-def _node_tasks(step_plans, token: str, pick: Callable) -> Callable:
-    """Whether a task key is a tile task (or partial) of a node for which
-    ``pick(op, node, plan)`` holds."""
-    names = set()
-    for sp in step_plans:
-        for n in sp.plan.graph.nodes:
-            op = lookup(n.op_type, n.domain)
-            if op is not None and pick(op, n, sp.plan):
-                base = f"{n.name}-{n.phase}"
-                names |= {task_name(base, token), task_name(f"{base}-partial", token)}
-    return lambda key: isinstance(key, tuple) and key[0] in names
-
-
-def _contractions(step_plans, token: str) -> Callable:
-    """Whether a task key is a contraction's tile task (never fused, dfdl.taskgraph.fuse)."""
-    return _node_tasks(step_plans, token, lambda op, n, plan: op.contraction)
-
-
-def _within_light_bytes(n, plan) -> bool:
-    """Whether node ``n``'s largest tile task reads and writes at most ``LIGHT_BYTES``."""
-    return plan.task_bytes.get(n.name, LIGHT_BYTES + 1) <= LIGHT_BYTES
-
-
-def _small_contractions(step_plans, token: str) -> Callable:
-    """Whether a task key is a contraction's tile task whose tile reads and writes at
-    most ``LIGHT_BYTES``: it may run inside a light consumer (:mod:`dfdl.taskgraph.fuse`)."""
-    return _node_tasks(
-        step_plans, token, lambda op, n, plan: op.contraction and _within_light_bytes(n, plan)
-    )
-
-
-def _light(step_plans, token: str) -> Callable:
-    """Whether a task key is a light tile task: not a contraction, and its node's largest
-    tile reads and writes at most ``LIGHT_BYTES`` (:mod:`dfdl.taskgraph.fuse`)."""
-    return _node_tasks(
-        step_plans, token, lambda op, n, plan: not op.contraction and _within_light_bytes(n, plan)
-    )
-
-
-def _gang_fits(step_plans, token: str) -> Callable:
-    """Whether a task key is a tile task whose node's tiles read and write at most
-    ``LIGHT_BYTES``: it may run in a gang (:mod:`dfdl.taskgraph.gang`)."""
-    return _node_tasks(step_plans, token, lambda op, n, plan: _within_light_bytes(n, plan))
-
-
-def _task_memory(step_plans, token: str) -> Callable:
-    """Bytes a task uses (its node's largest tile task, ``Plan.task_memory``)."""
-    sizes: dict = {}
-    for sp in step_plans:
-        for n in sp.plan.graph.nodes:
-            b = sp.plan.task_memory.get(n.name, 0)
-            base = f"{n.name}-{n.phase}"
-            for name in (task_name(base, token), task_name(f"{base}-partial", token)):
-                sizes[name] = max(sizes.get(name, 0), b)
-    return lambda key: sizes.get(key[0], 0) if isinstance(key, tuple) else 0
-
-
-def _memory_limit(step_plans) -> int | None:
-    """The smallest worker memory limit the plans were made for (None: no limit)."""
-    return min((sp.plan.memory_limit for sp in step_plans if sp.plan.memory_limit), default=None)
-
-
-def _chain_budget(step_plans, threads: int) -> int | None:
-    """The most bytes the tasks of one chain of gangs may use (:mod:`dfdl.taskgraph.gang`):
-    what the planner grants the tasks running at once on one worker's threads."""
-    limit = _memory_limit(step_plans)
-    return None if limit is None else int(limit * TASK_MEMORY_FRACTION * threads)
-
-
-def _step_budget(step_plans) -> int | None:
-    """The most bytes the tasks of one step task may use (:mod:`dfdl.taskgraph.step_tasks`):
-    the worker's memory up to Dask's spill target, which the plan's estimate of the
-    whole step already had to fit for the trainer to fuse at all."""
-    limit = _memory_limit(step_plans)
-    return None if limit is None else int(limit * DASK_TARGET)
-
-
-def _tiny_outputs(step_plans, token: str) -> Callable:
-    """Whether a task key is a tile task of a node whose largest output tile is at most
-    ``TINY_BYTES`` (per-channel sums: :mod:`dfdl.taskgraph.fuse` runs a merge of them
-    inside its readers)."""
-    return _node_tasks(
-        step_plans,
-        token,
-        lambda op, n, plan: plan.output_bytes.get(n.name, TINY_BYTES + 1) <= TINY_BYTES,
-    )
 
 
 class Constants:
@@ -426,17 +311,8 @@ def _rechunked(tiles, have, want, name, dsk, step):
             pieces.append((len(args) - 1, ref.pos if isinstance(ref, Picked) else None, src, dst))
         shape = tuple(r.stop - r.start for r in region)
         key = (name, step, *idx)
-        dsk[key] = Task(key, _assemble, shape, tuple(pieces), *args)
+        dsk[key] = Task(key, assemble_task, shape, tuple(pieces), *args)
         out[idx] = TaskRef(key)
-    return out
-
-
-def _assemble(shape, pieces, *args):
-    first = args[pieces[0][0]] if pieces[0][1] is None else args[pieces[0][0]][pieces[0][1]]
-    out = np.empty(shape, dtype=first.dtype)
-    for k, pos, src, dst in pieces:
-        part = args[k] if pos is None else args[k][pos]
-        out[dst] = part[src]
     return out
 
 
@@ -481,8 +357,7 @@ class SpillMeter:
 
 #: seconds every worker may stay paused by Dask's memory monitor (process memory above
 #: ``distributed.worker.memory.pause`` of its limit) before training gives up: paused
-#: workers whose memory is not Dask's to spill never resume (measured: 2 workers x
-#: 512 MiB, about 200 MB of it the idle process, stalled for good at 82%)
+#: workers whose memory is not Dask's to spill never resume
 PAUSED_GIVE_UP_S = 120.0
 
 
@@ -589,15 +464,3 @@ class LossCollector:
                 )
             self.values[step] = value
             self.on_loss(step, value)
-
-
-class Throughput:
-    """Samples per second over the recent steps, for the progress bar."""
-
-    def __init__(self):
-        self.t0 = time.perf_counter()
-        self.samples = 0
-
-    def add(self, n: int) -> float:
-        self.samples += n
-        return self.samples / max(time.perf_counter() - self.t0, 1e-9)

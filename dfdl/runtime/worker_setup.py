@@ -9,32 +9,25 @@ restarts. :func:`dfdl.LocalCluster`, the embedded cluster and
 - installs :class:`dfdl.runtime.heap.HeapTrimmer`, so the worker's resident memory
   follows its tiles;
 - replaces Dask's per-worker task counter by
-  :class:`dfdl.runtime.task_counter.LazyTaskCounter` (same metrics; its cost per
-  transition does not grow with the hundreds of task prefixes of a training step);
-- gives the worker one helper thread fewer than its task threads for gangs of
-  sibling tasks (:mod:`dfdl.taskgraph.gang`), and caps the kernels' per-thread scratch
-  memory, on task threads and helpers, to a share of the worker's memory limit
+  :class:`dfdl.runtime.task_counter.LazyTaskCounter` (same metrics);
+- gives the worker one helper thread fewer than its task threads for gangs of sibling
+  tasks (:mod:`dfdl.taskgraph.gang`), and caps the kernels' per-thread scratch memory,
+  on task threads and helpers, to a share of the worker's memory limit
   (:func:`dfdl.ops.cpu.scratch.fit_to_worker`);
 - runs tile tasks on threads at nice :data:`TASK_NICE` (dask config
-  ``dfdl.worker.task-nice``; Linux). A worker's event loop and the scheduler then take
-  a core as soon as they have a message to handle, instead of waiting for a kernel's
-  time slice to end: on 2 cores, where the two task threads, the worker's event loop
-  and the scheduler share the CPU, a finished task's result waited there before its
-  reader could start. ``python bench/ab.py WORKLOAD dfdl.taskgraph.tile_exec.TASK_NICE --b
-  0`` (alternating rounds in one cluster, medians; same losses), nice 10 against 0:
-  transformer 2.313 against 2.425 s per step (and 2.215 against 2.315 with the arms
-  swapped), MLP 0.825 against 0.840, ResNet 1.117 against 1.107 (5 rounds), U-Net 1.347
-  against 1.324 (5 rounds; 1.365 against 1.301 in 3). A kernel with a core to itself
-  runs as before: nice only orders threads that want the same core;
+  ``dfdl.worker.task-nice``; Linux), so the worker's event loop and the scheduler take
+  a core as soon as they have a message; nice only orders threads that want one core;
 - leaves Dask's "Pausing worker" / "Resuming worker" warnings out of the log when the
-  worker pauses at its spill line (:func:`dfdl.runtime.cluster.pause_at_spill`).
-  There, pausing is how a worker that spills keeps a task from starting above the line
-  the plan counts from: a beyond-memory step logged thousands of them. A worker that
-  stays paused is still reported, by the trainer (a ``TrainingError`` naming it).
+  worker pauses at its spill line (:func:`dfdl.runtime.cluster.pause_at_spill`), where
+  pausing is routine; a worker that stays paused is still reported by the trainer.
+
+None of it changes a value a task computes.
 
 Example:
     >>> cfg = {"distributed.worker.preload": ["dfdl.runtime.worker_setup"]}
     >>> dask.config.set(cfg)  # doctest: +SKIP
+
+Measurements: ``docs/design/task-nice.md``, ``task-counter.md``, ``worker-memory.md``.
 """
 
 from __future__ import annotations

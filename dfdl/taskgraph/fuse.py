@@ -1,130 +1,36 @@
-"""Task fusion: a tile task whose only consumer is one task runs inside that consumer.
+"""Task fusion: small tile tasks run inside the tasks that read them.
 
-Every task costs the embedded cluster about 3 ms of scheduler and worker CPU, and
-every dependency a round trip between them (2.6 ms measured per hop of a chain of
-no-op tasks, dfdl's batching included). A training step of the transformer is about
-1,000 tile tasks, most of them small, and many feed exactly one consumer: fused, two
-steps had 30% fewer tasks (2,125 -> 1,495) and ran 10% faster (20.0 -> 18.0 s, means of
-three alternating pairs); ResNet: 1,186 -> 1,030 tasks in four steps, 5% faster.
+Every Dask task costs scheduler and worker CPU and every dependency a round trip, so
+:func:`fuse_into_consumers` turns a lowered graph (:func:`dfdl.taskgraph.lower.lower`)
+into fewer, larger tasks:
 
-A task ``t`` is absorbed into its consumer ``u`` when
+* a task with one reader runs inside it where the reader's other inputs come from lower
+  topological levels (partials of one sum stay apart and run side by side), or where
+  the task is light (its tile reads and writes at most :data:`LIGHT_BYTES`);
+* contractions (GEMM, convolution) stay tasks, except small ones with a light reader;
+* chains collapse: ``a -> b -> u`` becomes one task keyed ``u``, so the dashboard shows
+  the absorbed work under the reader's name;
+* the finer rules of :class:`FuseRules` (all on by default) carry an activation read
+  again later inside its first reader, run a light gradient inside (or once with) the
+  two contractions that read it, run a split BatchNorm's per-tile moments inside the
+  convolution that produced the tile, and repeat a merge of tiny partials (at most
+  :data:`TINY_BYTES`) inside its next readers, for one worker process only.
 
-* ``u`` is the only task that reads ``t``, and ``t``'s key is not requested;
-* every other input of ``u`` comes from a task of a lower topological level than
-  ``t`` (one that is normally done before ``t``): ``u`` then starts as soon as ``t``
-  would have finished, so no parallel work is serialised. Sibling partials of one sum
-  (same level) stay separate tasks and still run side by side. The exception is a
-  light ``t`` (its tile reads and writes at most :data:`LIGHT_BYTES`): it runs inside
-  its consumer even where that serialises it after a sibling (a bias gradient's
-  partials, the attention's transposes). On 2 cores the CPU that the scheduler and
-  worker spend per task is what the transformer's step waits for: 651 -> 543 tasks per
-  step; 2.53 -> 2.43 s with 8 MiB against none light, 2.45 -> 2.39 s with 40 MiB
-  against 8 (medians of 4 alternating rounds); MLP, ResNet and U-Net within noise;
-* ``t`` is not a contraction (GEMM, convolution: ``OpDef.contraction``). Those tasks
-  run for tens of milliseconds, so their overhead is small already, and absorbed into
-  their consumers they changed the order the worker ran them in: the MLP's steps got
-  15% slower (its weight gradients fused into the optimizer's update). The exception
-  is a small contraction (its tile reads and writes at most :data:`LIGHT_BYTES`) whose
-  consumer is light: a MatMul and its bias Add, a GEMM and its Relu. It runs inside the
-  consumer, unless that consumer itself ends up inside a task that is not light. Steps
-  with that, against without (``python bench/ab.py``, medians of 3 alternating rounds,
-  same losses): transformer 2.53 -> 2.32 s, U-Net 1.21 -> 1.19 s, ResNet 1.05 -> 1.05
-  s. The MLP's GEMM tiles (80 MiB) are not small: absorbed into their Relus, they made
-  its step 3% slower (0.805 -> 0.831 s, 4 rounds). Small contractions that are
-  siblings (partial products of one light sum, which the level rule keeps apart) run
-  inside it one after another too (switch :data:`SMALL_PARTIALS`): the transformer's
-  weight-gradient partials inside their Adam updates, the MLP's 4096 x 10 head, a
-  ResNet's smallest convolution weight gradients. Tasks per step MLP 73 -> 69,
-  transformer 304 -> 287, ResNet 131 -> 124, U-Net 130 -> 120; ``python bench/ab.py
-  WORKLOAD dfdl.taskgraph.fuse.SMALL_PARTIALS --b True --fresh`` (3 rounds, same losses,
-  B = on): ResNet 0.652 against 0.668 s, MLP 0.757 against 0.774 s, transformer 1.860
-  against 1.898 s, U-Net 1.036 against 1.043 s. Counting a contraction's own sum of
-  small partials as light as well, so that the partials run inside it one after
-  another, measured U-Net 1.321 against 1.115 s and ResNet 0.733 against 0.706 s:
-  dropped.
-
-Chains collapse: ``a -> b -> u`` becomes one task keyed ``u``. The fused task keeps
-the consumer's key, so the dashboard shows its time under the consumer's name.
-
-A light task ``t`` whose activation the backward pass reads again is *carried* by its
-first reader ``u`` (``_carriers``): ``u``'s task runs ``t`` first and returns
-``(u's value, t's value)``, and each reader of either takes its part inside its own
-task. Without that, every such activation (a normalization's output, which the next
-convolution reads now and its weight gradient reads later) is a task of its own and a
-round trip before the next layer can start. ``u`` may be carried in turn, so a chain
-of them runs as one task that returns all their values. Taken where the other readers
-come at least two levels after ``u``, so none of them waits for ``u`` in practice, and
-``u``'s other inputs come from lower levels than ``t``. Steps with it against without
-(``python bench/ab.py WORKLOAD dfdl.taskgraph.fuse.CARRY --b False``, 3 alternating rounds,
-same losses): ResNet 1.130 against 1.196 s, transformer 2.283 against 2.430 s, U-Net
-1.367 against 1.411 s, MLP 0.866 against 0.863 s. Tried and dropped: also merging the
-per-tile BatchNorm moments inside every reader and carrying each convolution inside
-its moments task (one task per layer and tile): U-Net 1.509 against 1.345 s, with 19%
-more worker CPU; transformer 2.395 against 2.312; ResNet 1.083 against 1.106.
-
-A light task read at once by two contractions, right after a merge of several tiles'
-partial sums (the input gradient of a split BatchNorm, read by the convolution's
-weight and input gradients after the per-channel sums of every tile), runs inside
-both (``_duplicated``): a second pass over a light tile instead of a round trip at the
-point where every thread waits. ``python bench/ab.py WORKLOAD
-dfdl.taskgraph.fuse.DUPLICATE --b False``: ResNet 1.022 against 1.079 s, U-Net 1.345
-against 1.345 s (the transformer and the MLP have no such task). Without the merge
-condition it also took the attention's light gradients in the transformer: 2.316
-against 2.169 s, 9% more worker CPU, so it is kept to the point where it pays.
-
-Where such a task has exactly two readers, both contractions (``_siblings``, switch
-``SIBLINGS``), it runs once instead: the task and one reader run inside the other
-reader's task, which returns both readers' values. A split BatchNorm's input gradient
-is then computed once per tile, with the convolution's weight gradient and input
-gradient after it in one task; the input gradient is the reader that carries (its
-readers come first), so the next layer waits for nothing more than before. Tasks per
-step: ResNet 173 -> 145, U-Net 151 -> 139. Alternating fresh clusters (3 rounds each,
-same losses): ResNet 0.756 against 0.812 s per step, 1.040 against 1.146 thread-s of
-tasks; U-Net 1.172 against 1.168 s (1.859 against 1.871 thread-s). In one cluster
-(``python bench/ab.py resnet dfdl.taskgraph.fuse.SIBLINGS --b False --steps 6``): 0.728
-against 0.837 s (3 rounds).
-
-A light partial whose one reader merges the partials of several tiles (a split
-BatchNorm's per-tile moments) runs inside the contraction that produces its input
-(``_partials_at_producer``): the convolution's task returns ``(y, moments of y)``.
-Absorbed into the merge, as single-reader fusion would have it, the partials of all
-tiles ran one after another on one thread, between two layers, while the other threads
-waited; at their producers they run side by side on a tile still in cache, and the
-merge only adds a few values per channel. Taken where every other reader of the
-contraction waits for the merge anyway or comes two levels later. ``python bench/ab.py
-WORKLOAD dfdl.taskgraph.fuse.PARTIALS_AT_PRODUCER --b False`` (3 alternating rounds, same
-losses): ResNet 1.000 against 1.040 s and 1.050 against 1.082 s, U-Net 1.340 against
-1.355 s; the transformer and the MLP have no such partial. Producers that are not
-contractions (a ReluGrad before a BatchNorm's gradient sums) are left out: with them
-the U-Net measured 1.325 against 1.316 s and the transformer (its bias gradients'
-partial sums) 2.432 against 2.397 s.
-
-A merge of tiny partials (``combine`` of values of at most :data:`TINY_BYTES` per
-tile: a split BatchNorm's per-channel moments or gradient sums) also runs inside each
-of its readers one level up (``_merges_in_readers``, switch ``MERGES_IN_READERS``):
-the next layer's tiles add the few values per channel themselves, so they wait for one
-round trip after the last partial instead of two (partial -> merge -> reader). The
-merge stays a task where later readers (the running statistics, the backward pass)
-read it. A merge that absorbed other work (per-tile sums) is left alone: it is no
-longer tiny, and every reader would repeat that work. Running it inside the later
-readers too, so that no merge task is left, measured slower (README).
-The trainer passes ``tiny`` only for a cluster of one worker process: on several,
-every reader would fetch every tile's packed output (the activation with its partial)
-where one merge fetched them once. Tasks per step ResNet 122 -> 115, U-Net 118 -> 109,
-MLP one fewer (the head's sum of two partial products); ``python bench/ab.py WORKLOAD
-dfdl.taskgraph.fuse.MERGES_IN_READERS --b False --steps 6 --fresh`` (B = off), same losses:
-ResNet 0.710 against 0.770 s (5 rounds), 0.658 against 0.666 s (6 rounds); U-Net 1.148
-against 1.228 s (4 rounds); MLP 0.871 against 0.889 s (6 rounds, within noise).
-
-A fused task runs its members in an order fixed when the graph is built (:func:`fused`),
-not through ``Task.fuse``, whose worker-side ``execute_graph`` orders the subgraph again
-at every execution while holding the GIL. ``python bench/ab.py WORKLOAD
-dfdl.taskgraph.fuse.ORDERED --b False`` (3 alternating rounds, same losses): ResNet 0.708
-against 0.715 s (task thread time 1.020 against 1.046 s per step), transformer 2.070
-against 2.066 s.
+Guarantees: the requested keys (``keep``) stay keys with the same values, bit for bit;
+fusion changes which task runs a function, never its inputs or the order of a sum. A
+fused task runs its members in an order fixed when the graph is built (:func:`fused`).
+:func:`inline_data` puts data nodes inside their readers the same way.
 
 Example:
-    >>> dsk = fuse_into_consumers(dsk, keep=wanted)  # doctest: +SKIP
+    >>> from dask.task_spec import Task, TaskRef
+    >>> g = {"a": Task("a", abs, -1), "b": Task("b", abs, TaskRef("a"))}
+    >>> out = fuse_into_consumers(g, keep=["b"])
+    >>> sorted(out), out["b"]({})
+    (['b'], 1)
+
+Measurements: ``docs/design/task-fusion.md``, ``carriers.md``,
+``partials-at-producer.md``, ``merges-in-readers.md``, ``fused-order.md``,
+``inline-data.md``.
 """
 
 from __future__ import annotations
@@ -132,6 +38,7 @@ from __future__ import annotations
 import graphlib
 import operator
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
 
 from dask.task_spec import DataNode, Task, TaskRef
 
@@ -143,27 +50,39 @@ LIGHT_BYTES = 40 << 20
 #: a node whose output tiles take at most this many bytes has "tiny" outputs (a
 #: BatchNorm's per-channel moments): a merge of them costs microseconds to run again
 TINY_BYTES = 64 << 10
-#: whether a light task with later readers runs inside its first reader (``_carriers``)
-CARRY = True
-#: whether a light task read by a few tasks at once runs inside each (``_duplicated``)
-DUPLICATE = True
 #: the most readers a duplicated task runs in
 MAX_COPIES = 2
-#: whether a light task read by two contractions right after a merge runs once, with both
-#: of them, in one task (``_siblings``), instead of inside each (``_duplicated``)
-SIBLINGS = True
-#: whether a light partial of a merge runs inside the task that produces its input
-#: (``_partials_at_producer``)
-PARTIALS_AT_PRODUCER = True
-#: whether a small contraction runs inside its light consumer also where that consumer
-#: waits for a sibling (partial products of one sum, the head of a model-split MLP)
-SMALL_PARTIALS = True
-#: whether fused tasks run their members in an order fixed when the graph is built
-#: (:func:`fused`) rather than through ``dask.task_spec.Task.fuse``
-ORDERED = True
-#: whether a merge of tiny partials also runs inside each of its readers one level up
-#: (:func:`_merges_in_readers`)
-MERGES_IN_READERS = True
+
+
+@dataclass(frozen=True)
+class FuseRules:
+    """Which of fusion's finer rules apply (all do by default: each measured faster, see
+    ``docs/design/task-fusion.md``); one turned off gives the same values with more tasks.
+
+    Attributes:
+        carry: a light task with later readers runs inside its first reader
+            (``_carriers``).
+        duplicate: a light task read by a few tasks at once runs inside each
+            (``_duplicated``).
+        siblings: a light task read by two contractions right after a merge runs once,
+            with both of them, in one task (``_siblings``), instead of inside each.
+        partials_at_producer: a light partial of a merge runs inside the task that
+            produces its input (``_partials_at_producer``).
+        small_partials: a small contraction runs inside its light consumer also where
+            that consumer waits for a sibling (partial products of one sum).
+        ordered: fused tasks run their members in an order fixed when the graph is built
+            (:func:`fused`) rather than through ``dask.task_spec.Task.fuse``.
+        merges_in_readers: a merge of tiny partials also runs inside each of its readers
+            one level up (:func:`_merges_in_readers`).
+    """
+
+    carry: bool = True
+    duplicate: bool = True
+    siblings: bool = True
+    partials_at_producer: bool = True
+    small_partials: bool = True
+    ordered: bool = True
+    merges_in_readers: bool = True
 
 
 def _levels(deps: Mapping[Hashable, set]) -> tuple[list, dict]:
@@ -217,6 +136,7 @@ def fuse_into_consumers(
     light: Callable[[Hashable], bool] | None = None,
     small: Callable[[Hashable], bool] | None = None,
     tiny: Callable[[Hashable], bool] | None = None,
+    rules: FuseRules = FuseRules(),
 ) -> dict:
     """The graph with every single-consumer task absorbed into its consumer (see the
     module docstring); ``keep``: keys that must stay (requested outputs).
@@ -234,6 +154,7 @@ def fuse_into_consumers(
         tiny: keys for which it returns True are tasks whose outputs are a few values
             (per-channel sums): a merge of such partials also runs inside each of its
             readers one level up (:func:`_merges_in_readers`).
+        rules: which finer rules apply (:class:`FuseRules`).
 
     Returns:
         A new graph with the same requested keys and values and fewer tasks.
@@ -248,7 +169,7 @@ def fuse_into_consumers(
     deps, readers, order, level = structure(dsk)
 
     at_producer: dict = {}  # light partial -> the task that produces its input
-    if light is not None and stays is not None and PARTIALS_AT_PRODUCER:
+    if light is not None and stays is not None and rules.partials_at_producer:
         at_producer = _partials_at_producer(dsk, keep, deps, readers, level, light, stays)
 
     absorbed: dict = {}  # task -> the consumer it runs in
@@ -261,7 +182,7 @@ def fuse_into_consumers(
         first = all(level[v] < level[t] for v in deps[u] if v != t)
         if stays is not None and stays(t):
             if (
-                (first or SMALL_PARTIALS)
+                (first or rules.small_partials)
                 and small is not None
                 and small(t)
                 and light is not None
@@ -287,12 +208,12 @@ def fuse_into_consumers(
             members.setdefault(root(t), []).append(t)
 
     carried = {}
-    if light is not None and CARRY:
+    if light is not None and rules.carry:
         carried = _carriers(dsk, keep, deps, readers, order, level, absorbed, light)
     for p, c in at_producer.items():
         if c not in absorbed and c not in carried:
             carried[p] = c
-    if light is not None and stays is not None and SIBLINGS:
+    if light is not None and stays is not None and rules.siblings:
         pairs = _siblings(dsk, keep, deps, readers, level, absorbed, carried, light, stays)
         for t, (first, other) in pairs.items():
             carried[t] = carried[other] = root(first)
@@ -317,7 +238,7 @@ def fuse_into_consumers(
         slot.update((m, (c, i)) for i, m in enumerate(packed[c], 1))
 
     twice = set()
-    if light is not None and stays is not None and DUPLICATE:
+    if light is not None and stays is not None and rules.duplicate:
         twice = _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays)
     out = {}
     for k, node in dsk.items():
@@ -328,9 +249,9 @@ def fuse_into_consumers(
             chain = chains[k]
             inner = [dsk[a] for m in chain for a in (*members.get(m, ()), m)] + inner + [node]
             node = Task(_pack_key(k), _pack, TaskRef(k), *(TaskRef(m) for m in packed[k]))
-        out[k] = (fused if ORDERED else Task.fuse)(*inner, node, key=k) if inner else node
+        out[k] = (fused if rules.ordered else Task.fuse)(*inner, node, key=k) if inner else node
     inline: dict = {}  # merge -> the readers that run it again inside their own tasks
-    if tiny is not None and MERGES_IN_READERS:
+    if tiny is not None and rules.merges_in_readers:
         done = twice | set(chains) | set(members)
         inline = _merges_in_readers(out, keep, readers, level, done, tiny)
     if slot or twice or inline:
@@ -359,9 +280,8 @@ def fused(*tasks: Task, key: Hashable) -> Task:
     order fixed here, dropping each intermediate value after its last reader.
 
     ``dask.task_spec.Task.fuse`` builds the same subgraph, but its worker-side
-    ``execute_graph`` runs ``dask.order`` on the subgraph at every execution, holding
-    the GIL that the worker's event loop and the other task threads wait for (py-spy, a
-    ResNet step: about 2% of the task threads' samples in ``order`` and its sort key).
+    ``execute_graph`` runs ``dask.order`` on it at every execution, holding the GIL
+    (measurements: ``docs/design/fused-order.md``).
 
     Example:
         >>> from operator import add
@@ -532,14 +452,11 @@ def inline_data(dsk: Mapping[Hashable, object], keep: Iterable[Hashable]) -> dic
     """The graph with its data (embedded batch tiles, a step's learning rate, small
     constants) inside the tasks that read it, not tasks of their own.
 
-    Dask runs a ``DataNode`` as a task: the scheduler assigns it, the worker "computes"
-    it, reports it, and only then starts its readers, at about 3 ms of scheduler and
-    worker CPU per task on the 2-core development machine. A data node goes inside its
-    readers where it has one, or where its value takes at most :data:`TINY_BYTES` (each
-    reader gets a copy); requested data (``keep``) and data read by something other
-    than a plain task stay. Of a ResNet step's, the two label tiles, the learning rate
-    and the momentum flag go inside (53 -> 49 tasks per step); its two image tiles,
-    read by the forward pass and by the stem's weight gradient, stay.
+    Dask runs a ``DataNode`` as a task (assigned, "computed" and reported before its
+    readers start). A data node goes inside its readers where it has one, or where its
+    value takes at most :data:`TINY_BYTES` (each reader gets a copy); requested data
+    (``keep``) and data read by something other than a plain task stay. Values are
+    unchanged. Measurements: ``docs/design/inline-data.md``.
 
     Example:
         >>> g = {"x": DataNode("x", 2), "y": Task("y", abs, TaskRef("x"))}

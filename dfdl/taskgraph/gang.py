@@ -113,12 +113,8 @@ from dask.task_spec import Task, TaskRef
 from dfdl.taskgraph.fuse import heights, structure
 from dfdl.taskgraph.tile_exec import Outputs
 
-#: whether the trainer runs sibling tasks in gangs (on a cluster of one worker process)
-GANG = True
 #: the most gangs one task runs one after another (:func:`_chains`)
 MAX_PHASES = 8
-#: whether chains follow the critical path (:func:`_chains`, :func:`_valid_prefix`)
-CRITICAL_PATH = True
 #: helper threads per worker process (the worker preload sets its task threads - 1)
 HELPERS = 1
 #: name prefix of the helper threads (``bench/cpu_use.py`` counts them as kernels)
@@ -147,6 +143,7 @@ def gang_siblings(
     joins: Callable[[Hashable], bool] | None = None,
     weight: Callable[[Hashable], int] | None = None,
     budget: int | None = None,
+    critical_path: bool = True,
 ) -> dict:
     """The graph with sibling tasks run in gangs and successive gangs in chains (see the
     module docstring).
@@ -163,6 +160,9 @@ def gang_siblings(
         weight: bytes a task uses; with ``budget``, the most bytes the tasks of one
             chain may use together.
         budget: see ``weight``; None: no limit.
+        critical_path: chains follow the critical path (the gang with the longest path
+            to the step's end continues a chain; a reader of the chain's last gang does
+            not cut it); False takes gangs in key order.
 
     Returns:
         A new graph with the same requested keys and values. A chain takes its first
@@ -217,7 +217,9 @@ def gang_siblings(
                 slot[k] = k
     chains = {
         c: gs
-        for c, gs in _chains(dsk, gangs, slot, deps, readers, level, weight, budget).items()
+        for c, gs in _chains(
+            dsk, gangs, slot, deps, readers, level, weight, budget, critical_path
+        ).items()
         if len(gs) > 1 or len(gangs[c]) > 1
     }
     in_chain = {m: c for c, gs in chains.items() for g in gs for m in gangs[g]}
@@ -274,7 +276,9 @@ def _after(members, readers, level, top: int) -> set:
     return seen
 
 
-def _chains(dsk, gangs, slot, deps, readers, level, weight=None, budget=None) -> dict:
+def _chains(
+    dsk, gangs, slot, deps, readers, level, weight=None, budget=None, critical_path=True
+) -> dict:
     """Gangs that run one after another in one task: ``{first gang: [gangs]}``.
 
     A gang joins the chain of the gangs it reads one level down where everything else
@@ -285,7 +289,7 @@ def _chains(dsk, gangs, slot, deps, readers, level, weight=None, budget=None) ->
     chains: dict = {}
     chain_of: dict = {}
     held: dict = {}  # chain -> bytes its members' tasks use
-    height = heights(readers, level) if CRITICAL_PATH else {}
+    height = heights(readers, level) if critical_path else {}
     # at each level the gang on the longest path to the step's end claims a chain first
     for g in sorted(gangs, key=lambda g: (level[g], -height.get(g, 0))):
         inputs = {d for m in gangs[g] for d in deps[m] if type(dsk[d]) is Task}
@@ -313,13 +317,13 @@ def _chains(dsk, gangs, slot, deps, readers, level, weight=None, budget=None) ->
     out: dict = {}
     for gs in chains.values():
         while gs:
-            n = _valid_prefix(gs, gangs, readers, level)
+            n = _valid_prefix(gs, gangs, readers, level, critical_path)
             out[gs[0]] = gs[:n]
             gs = gs[n:]
     return out
 
 
-def _valid_prefix(gs: list, gangs, readers, level) -> int:
+def _valid_prefix(gs: list, gangs, readers, level, critical_path: bool = True) -> int:
     """The most leading gangs of ``gs`` that one task can run: no task outside them
     that reads their members (but the last gang's) would hold work up by waiting for
     the task's end (:func:`_soon`). Tasks that read the last gang, directly or not,
@@ -327,7 +331,7 @@ def _valid_prefix(gs: list, gangs, readers, level) -> int:
     for n in range(len(gs), 1, -1):
         inside = {m for g in gs[:n] for m in gangs[g]}
         at = level[gs[n - 1]]
-        after = _after(gangs[gs[n - 1]], readers, level, at + 2) if CRITICAL_PATH else set()
+        after = _after(gangs[gs[n - 1]], readers, level, at + 2) if critical_path else set()
         if not any(  # the last gang's values come when they would have come anyway
             r not in inside and r not in after and _soon(r, at, readers, level)
             for g in gs[: n - 1]

@@ -1,17 +1,25 @@
 """Lowering: a :class:`~dfdl.plan.tiling.Plan` becomes a Dask task graph.
 
-One task per node tile, keyed ``(f"{node}-{phase}-{token}", step, *tile_index)`` so the
-Dask dashboard groups tasks by ONNX node name and phase (``key_split`` drops the 8-hex
-run token, which keeps two runs on one cluster from sharing keys). Contracted axes give
-partial tiles (``f"{node}-{phase}-partial"``) summed by a fixed-order tree with bounded fan-in
+:func:`lower` makes one task per node tile, keyed
+``(f"{node}-{phase}-{token}", step, *tile_index)``, so the Dask dashboard groups tasks by
+ONNX node name and phase (``key_split`` drops the 8-hex run token of :func:`new_token`,
+which keeps two runs on one cluster from sharing keys). Contracted axes give partial
+tiles (``f"{node}-{phase}-partial"``) summed by a fixed-order tree with bounded fan-in
 (``f"{node}-{phase}-sum"``). Input regions that are not exactly one producer tile are
-sliced or assembled inside the consuming task, reading only the tiles they overlap.
-A node's ``after`` values become extra task arguments that the kernel ignores, through
+sliced or assembled inside the consuming task, reading only the tiles they overlap. A
+node's ``after`` values become extra task arguments that the kernel ignores, through
 one tiny ``f"{value}-ready"`` task each, so the node runs only once they exist (see
 :mod:`dfdl.training.passes.recompute`).
 
+Guarantees: partials are summed in a fixed order (the tree depends on the plan only),
+so one plan gives the same values bit for bit on every run and every cluster; each task
+runs its op's kernel for ``device``.
+
 Example:
-    >>> dsk, outputs = lower(plan, sources)  # doctest: +SKIP
+    >>> tiles = split_tiles(np.arange(5.0), ((2, 2, 1),))
+    >>> sorted(tiles), tiles[(2,)]
+    ([(0,), (1,), (2,)], array([4.]))
+    >>> dsk, outputs = lower(plan, {"x": tiles}, token=new_token())  # doctest: +SKIP
 """
 
 from __future__ import annotations

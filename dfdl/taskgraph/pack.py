@@ -1,18 +1,17 @@
 """Task bodies pickled once, when the graph is built, instead of at every hop.
 
-A fused task or a chain of gangs carries dozens of inner tasks (5-20 KB pickled on a
-ResNet step). Dask pickles each task's body on the scheduler's event loop when it sends
-the task to a worker, and the worker unpickles it on its own event loop before it can
-start it: both lie between a task's predecessor finishing and the task starting, on
-every link of the step's longest chain. On the 2-core development machine the
-scheduler's write of one compute-task message took 0.65 ms (median) and the way from
-that write to the worker's handler another 0.8 ms, most of it (un)pickling.
+Dask pickles a task's body on the scheduler's event loop when it sends the task and
+unpickles it on the worker's event loop before the task can start; a fused task or a
+chain of gangs carries dozens of inner tasks, on every link of a step's longest chain.
+:func:`pack_bodies` pickles each body of at least :data:`MIN_BYTES` once, in the
+trainer, while earlier steps run. The task Dask sees is
+``run_packed(blob, buffers, names, *inputs)``: its body is one ``bytes`` object, which
+the scheduler and the worker copy instead of walking, and the worker's task thread
+unpickles it just before it runs (:func:`run_packed`).
 
-:func:`pack_bodies` pickles such a task's body once, in the trainer, while earlier steps
-run. The task Dask sees is ``run_packed(blob, names, *inputs)``: its body is one
-``bytes`` object, which the scheduler and the worker's event loop copy instead of
-walking, and the worker's task thread unpickles it just before it runs. Keys,
-dependencies and values stay the same.
+Guarantees: keys, dependencies and values stay the same; arrays travel beside the
+pickle as protocol-5 buffers, not copied into it; a body the standard pickle cannot
+take (a lambda inside) stays as it is.
 
 Example:
     >>> from dask.task_spec import Task, TaskRef
@@ -22,6 +21,8 @@ Example:
     ('run_packed', ['x'])
     >>> packed["y"]({"x": 3})
     3
+
+Measurements: ``docs/design/packed-bodies.md``.
 """
 
 from __future__ import annotations

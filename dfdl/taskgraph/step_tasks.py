@@ -65,8 +65,6 @@ from dfdl.taskgraph import gang
 from dfdl.taskgraph.fuse import heights, structure
 from dfdl.taskgraph.tile_exec import Outputs
 
-#: whether the trainer runs each step as one task (on a cluster of one worker process)
-STEP_TASKS = True
 #: the name of the trainer's step tasks (with its token: ``key_split`` shows this)
 STEP_NAME = "train-step"
 

@@ -2,7 +2,21 @@
 
 Task arguments are flat (``meta`` plus the input tiles), and ``meta`` says how to
 turn them into the op's inputs: take a tile as is, pick one output of a multi-output
-tile, slice a region out of a tile, or assemble a region from several tiles.
+tile, slice a region out of a tile, or assemble a region from several tiles
+(:func:`run_tile`, :func:`assemble_task`). :func:`combine` merges partial tiles of a
+contraction (sum, max, min, BatchNorm moments) left to right in the order given.
+
+Guarantees: a tile's outputs have the shapes the plan expects, or the task raises
+:class:`TileError` naming the node, op and tile; combining the same partials in the same
+order gives the same bits. The plumbing is written against the tiles' array namespace
+(:func:`namespace`): numpy for numpy tiles, the array's own (``__array_namespace__``)
+otherwise, so a device array (a GPU worker's) flows through assembling, running and
+combining without ever becoming a numpy array. Numpy tiles take the numpy paths, with
+their layout rules (:func:`_aligned`, :func:`_settled`).
+
+Example:
+    >>> combine("sum", np.ones(2), np.full(2, 2.0), np.full(2, 3.0))
+    array([6., 6.])
 """
 
 from __future__ import annotations
@@ -58,12 +72,61 @@ def _resolve(spec: tuple, args: tuple) -> Any:
         return part[spec[3]]
     if kind == "assemble":
         _, shape, dtype, pieces = spec
-        out = np.empty(shape, dtype=dtype)
-        for k, pos, src, dst in pieces:
-            part = args[k] if pos is None else args[k][pos]
-            out[dst] = part[src]
-        return out
+        return assemble(shape, dtype, pieces, args)
     raise ValueError(f"unknown tile input kind {kind!r}")
+
+
+def namespace(x: Any):
+    """The array namespace of ``x``: numpy for numpy arrays and scalars, else the
+    array's own (``x.__array_namespace__()``: cupy's, array-api-strict's...).
+
+    Example:
+        >>> namespace(np.ones(2)) is np
+        True
+    """
+    if type(x) is np.ndarray or not hasattr(x, "__array_namespace__"):
+        return np
+    return x.__array_namespace__()
+
+
+def empty(shape: tuple[int, ...], like: Any, dtype=None) -> Any:
+    """An uninitialised array of ``shape`` in ``like``'s namespace and on its device,
+    of ``dtype`` (default: ``like``'s).
+
+    Example:
+        >>> empty((2, 3), np.zeros(1, np.float32)).dtype
+        dtype('float32')
+    """
+    xp = namespace(like)
+    if xp is np:
+        return np.empty(shape, dtype=like.dtype if dtype is None else dtype)
+    try:
+        return xp.empty(shape, dtype=like.dtype, device=like.device)
+    except TypeError:  # a namespace without ``device=`` allocates on the current device
+        return xp.empty(shape, dtype=like.dtype)
+
+
+def assemble(shape: tuple[int, ...], dtype, pieces, args) -> Any:
+    """A region of ``shape`` put together from tiles: each piece ``(k, pos, src, dst)``
+    copies ``args[k]`` (output ``pos`` of it, unless None) at ``src`` into ``dst``.
+
+    Example:
+        >>> assemble((3,), None, [(0, None, slice(0, 2), slice(0, 2)),
+        ...                       (1, None, slice(0, 1), slice(2, 3))],
+        ...          (np.array([1, 2]), np.array([3])))
+        array([1, 2, 3])
+    """
+    parts = [args[k] if pos is None else args[k][pos] for k, pos, _, _ in pieces]
+    out = empty(shape, parts[0], dtype)
+    for part, (_, _, src, dst) in zip(parts, pieces):
+        out[dst] = part[src]
+    return out
+
+
+def assemble_task(shape: tuple[int, ...], pieces, *args) -> Any:
+    """:func:`assemble` as a task of its own (the trainer's re-tiling of carried
+    tensors), in the dtype of the tiles."""
+    return assemble(shape, None, pieces, args)
 
 
 def ready(*_: Any) -> None:
@@ -84,7 +147,7 @@ def _aligned(x: Any) -> Any:
     return x
 
 
-def _settled(x: np.ndarray) -> np.ndarray:
+def _settled(x: Any) -> Any:
     """A task's output as it will rest on the worker: C-contiguous and owning its memory.
 
     A kernel may return a view (Transpose, Slice) or an F-ordered result. Passed on
@@ -92,7 +155,10 @@ def _settled(x: np.ndarray) -> np.ndarray:
     worker sees the transferred copy, and results would depend on task placement
     (measured: model-split MLP weights differing in the last bit between runs). A view
     would also keep its whole base array alive unseen by Dask's memory accounting.
+    Device arrays are left as they are.
     """
+    if type(x) is not np.ndarray:
+        return x
     base = x.base
     whole = base is None or (isinstance(base, np.ndarray) and base.nbytes == x.nbytes)
     if x.flags.c_contiguous and (whole or x.ndim == 0):
@@ -145,7 +211,7 @@ def run_tile(meta: tuple, *args: Any) -> Any:
         raise TileError(f"{label} failed: {type(e).__name__}: {e}") from None
     if not isinstance(out, tuple):
         out = (out,)
-    out = tuple(None if o is None else _settled(np.asarray(o)) for o in out[:n_out])
+    out = tuple(None if o is None else _settled(_as_array(o)) for o in out[:n_out])
     out += (None,) * (n_out - len(out))
     for i, (o, shape) in enumerate(zip(out, shapes)):
         if shape is not None and (o is None or o.shape != shape):
@@ -154,15 +220,26 @@ def run_tile(meta: tuple, *args: Any) -> Any:
     return out[0] if n_out == 1 else Outputs(out)
 
 
-def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _as_array(x: Any) -> Any:
+    """A kernel's output as an array: numpy's for numpy results and Python scalars,
+    device arrays as they are."""
+    return np.asarray(x) if namespace(x) is np else x
+
+
+def merge_moments(a: Any, b: Any) -> Any:
     """Chan's parallel combination of per-row (count, mean, sum of squared deviations):
     no sum of raw squares, so no cancellation however large the mean."""
+    xp = namespace(a)
     na, nb = a[:, 0], b[:, 0]
     n = na + nb
     delta = b[:, 1] - a[:, 1]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        w = np.where(n > 0, nb / n, 0.0)
-    out = np.empty_like(a)
+    if xp is np:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            w = np.where(n > 0, nb / n, 0.0)
+    else:
+        some = n > 0
+        w = xp.where(some, nb / xp.where(some, n, xp.ones_like(n)), xp.zeros_like(n))
+    out = empty(a.shape, a)
     out[:, 0] = n
     out[:, 1] = a[:, 1] + delta * w
     out[:, 2] = a[:, 2] + b[:, 2] + delta * delta * na * w
@@ -173,9 +250,20 @@ def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _COMBINE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
 
-def combine(how: str, *parts: np.ndarray) -> np.ndarray:
+#: the same combines by name in an array namespace
+_COMBINE_NAMES = {"sum": "add", "max": "maximum", "min": "minimum"}
+
+
+def combine(how: str, *parts: Any) -> Any:
     """Combine partial tiles of a contraction in the given (fixed) order."""
     ufunc = _COMBINE_UFUNCS.get(how)
+    xp = namespace(parts[0])
+    if ufunc is not None and xp is not np:
+        fn = getattr(xp, _COMBINE_NAMES[how])
+        acc = xp.asarray(parts[0], copy=True)
+        for p in parts[1:]:
+            acc = fn(acc, p)
+        return acc
     if ufunc is not None:
         first = np.asarray(parts[0])
         if len(parts) == 1:
@@ -187,7 +275,7 @@ def combine(how: str, *parts: np.ndarray) -> np.ndarray:
             ufunc(acc, p, out=acc)
         return acc
     if how == "moments":
-        acc = parts[0].copy()
+        acc = xp.asarray(parts[0], copy=True) if xp is not np else parts[0].copy()
         for p in parts[1:]:
             acc = merge_moments(acc, p)
         return acc

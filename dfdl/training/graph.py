@@ -9,7 +9,12 @@ next step. The trainer runs it once per step, feeding each step's outputs to the
 Which initializers train: every floating-point initializer except BatchNormalization
 running statistics, those named in ``frozen``, and those an op needs as a plan-time
 constant (a Resize's scales); an initializer the loss does not depend on is kept as a
-constant.
+constant. :class:`TrainingGraph` offers the graph's rewrites as copies (split or fused
+BatchNorms, grouped updates, recomputation: :mod:`dfdl.training.passes`).
+
+Guarantee: the same model, batch types, loss, optimizer and seed give the same graph,
+and a random op's seed depends only on ``(seed, node, step)`` (:func:`node_seed`), never
+on the tiling or on where a task runs.
 
 Example:
     >>> tg = build_training_graph(graph, {"x": TensorType((8, 4), "float32")},  # doctest: +SKIP

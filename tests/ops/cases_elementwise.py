@@ -9,7 +9,7 @@ from onnx import TensorProto
 
 from tests.ops.case import OpCase, rand
 
-F32, F64 = np.float32, np.float64
+F16, F32, F64 = np.float16, np.float32, np.float64
 
 
 def _ints(*shape, dtype=np.int32, low=-9, high=10, seed=0, nonzero=False):
@@ -131,6 +131,8 @@ CASES = [
     *_unary("LeakyRelu"),
     OpCase("LeakyRelu", [rand(5, 7)], {"alpha": 0.2}, id="alpha"),
     OpCase("LeakyRelu", [rand(3, 5, 7, dtype=F64)], {"alpha": 0.1}, id="alpha_f64"),
+    # float16: the CPU kernel leaves it to the numpy forward, with the attribute as given
+    OpCase("LeakyRelu", [rand(5, 7, dtype=F16)], {"alpha": 0.2}, id="f16", rtol=1e-3),
     *_unary("Sigmoid"),
     OpCase("Sigmoid", [rand(5, 7, low=-120, high=120)], id="f32_large"),
     OpCase("Sigmoid", [rand(5, 7, dtype=F64, low=-800, high=800)], id="f64_large"),
@@ -315,7 +317,7 @@ CASES += [
     ),
     _dfdl(
         "GeluGrad",
-        [rand(5, 7, dtype=np.float16, seed=2), rand(5, 7, dtype=np.float16)],
+        [rand(5, 7, dtype=F16, seed=2), rand(5, 7, dtype=F16)],
         _ref_gelu_grad,
         id="f16",
         rtol=2e-3,
@@ -351,6 +353,17 @@ CASES += [
         [rand(5, 7, dtype=F64, seed=2), rand(5, 7, dtype=F64), _scalar(-1, F64), _scalar(1, F64)],
         _ref_clip_grad,
         id="f64",
+    ),
+    _dfdl(
+        "ClipGrad",  # float16: the CPU kernel leaves it to the numpy forward
+        [
+            rand(5, 7, dtype=F16, seed=2),
+            rand(5, 7, dtype=F16).round(1),
+            _scalar(-0.5, F16),
+            _scalar(0.7, F16),
+        ],
+        _ref_clip_grad,
+        id="f16",
     ),
 ]
 

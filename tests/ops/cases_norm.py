@@ -1,4 +1,8 @@
-"""OpCases for normalization, softmax and dropout (dfdl/ops/norm.py)."""
+"""OpCases for Instance- and LayerNormalization and their gradients (dfdl/ops/norm.py).
+
+Also the complex-step helpers that the other case files of normalizations and losses
+share (:func:`cs_vjp`, ``_cs_batch_norm``, ``_chan``, ``_tol``).
+"""
 
 from __future__ import annotations
 
@@ -15,55 +19,6 @@ def _chan(c: int, dtype=F32, seed=0, positive=False) -> np.ndarray:
         return rand(c, dtype=dtype, seed=seed, low=0.5, high=2.0)
     return rand(c, dtype=dtype, seed=seed)
 
-
-def _bn_inputs(*shape, dtype=F32):
-    c = shape[1]
-    return [
-        rand(*shape, dtype=dtype),
-        _chan(c, dtype, 1),
-        _chan(c, dtype, 2),
-        _chan(c, dtype, 3),
-        _chan(c, dtype, 4, positive=True),
-    ]
-
-
-_BN = [
-    OpCase("BatchNormalization", _bn_inputs(5, 7, 3, 4), id="f32_4d"),
-    OpCase("BatchNormalization", _bn_inputs(5, 7, dtype=F64), id="f64_2d"),
-    OpCase(
-        "BatchNormalization",
-        _bn_inputs(5, 7, 6, dtype=F64),
-        attrs={"epsilon": 1e-2},
-        id="f64_3d_eps",
-    ),
-    OpCase(
-        "BatchNormalization",
-        _bn_inputs(5, 7, 3, 4),
-        attrs={"training_mode": 1},
-        n_outputs=3,
-        id="train_f32_4d",
-    ),
-    OpCase(
-        "BatchNormalization",
-        _bn_inputs(5, 7, 6, dtype=F64),
-        attrs={"training_mode": 1, "momentum": 0.7, "epsilon": 1e-3},
-        n_outputs=3,
-        id="train_f64_3d_momentum",
-    ),
-    OpCase(
-        "BatchNormalization",
-        _bn_inputs(5, 7),
-        attrs={"training_mode": 1},
-        n_outputs=3,
-        id="train_f32_2d",
-    ),
-    OpCase(
-        "BatchNormalization",
-        _bn_inputs(5, 7, 6, dtype=F64),
-        attrs={"training_mode": 1},
-        id="train_f64_y_only",
-    ),
-]
 
 _IN = [
     OpCase(
@@ -191,113 +146,7 @@ _LN += [
 ]
 
 
-def _softmax(op: str) -> list[OpCase]:
-    return [
-        OpCase(op, [rand(5, 7)], id="f32_2d"),
-        OpCase(op, [rand(5, 7, 6, high=40.0)], attrs={"axis": 1}, id="f32_3d_axis1_large"),
-        OpCase(op, [rand(5, 7, 6, dtype=F64)], attrs={"axis": 0}, id="f64_3d_axis0"),
-        OpCase(op, [rand(5, 7, 3, 4)], attrs={"axis": -2}, id="f32_4d_axis-2"),
-        OpCase(op, [rand(11, dtype=F64)], id="f64_1d"),
-    ]
-
-
-# ------------------------------------------------------------------------------ Dropout
-
-_M64 = (1 << 64) - 1
-
-
-def _splitmix(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
-
-
-def _dropout_reference(seed: int):
-    """Independent scalar model of dfdl's counter-based dropout mask."""
-
-    def ref(data, ratio=None, training_mode=None):
-        r = 0.5 if ratio is None else float(ratio)
-        key = _splitmix(seed & _M64)
-        u = np.array(
-            [
-                (_splitmix((key + (i + 1) * 0x9E3779B97F4A7C15) & _M64) >> 11) / 2.0**53
-                for i in range(data.size)
-            ]
-        ).reshape(data.shape)
-        mask = u >= r
-        out = np.where(mask, data * data.dtype.type(1 / (1 - r)), 0).astype(data.dtype)
-        return [out, mask]
-
-    return ref
-
-
-def _b(v: bool) -> np.ndarray:
-    return np.array(v, dtype=np.bool_)
-
-
-_DROPOUT = [
-    OpCase("Dropout", [rand(5, 7)], id="default_inference"),
-    OpCase("Dropout", [rand(5, 7, 3, dtype=F64)], n_outputs=2, id="inference_mask"),
-    OpCase(
-        "Dropout",
-        [rand(5, 7), np.array(0.3, F32), _b(False)],
-        n_outputs=2,
-        consts=(1, 2),
-        id="training_off",
-    ),
-    OpCase(
-        "Dropout",
-        [rand(5, 7), np.array(0.0, F32), _b(True)],
-        n_outputs=2,
-        consts=(1, 2),
-        id="training_ratio0",
-    ),
-    OpCase(
-        "Dropout",
-        [rand(5, 7, 3, 4), np.array(0.3, F32), _b(True)],
-        attrs={"seed": 7},
-        n_outputs=2,
-        consts=(1, 2),
-        id="training_f32_4d",
-        reference=_dropout_reference(7),
-    ),
-    OpCase(
-        "Dropout",
-        [rand(5, 7, 6, dtype=F64), None, _b(True)],
-        attrs={"seed": 123},
-        n_outputs=2,
-        consts=(2,),
-        id="training_f64_default_ratio",
-        reference=_dropout_reference(123),
-    ),
-    # no mask output: the VJP adds it to the node
-    OpCase(
-        "Dropout",
-        [rand(5, 7, 6), np.array(0.4, F32), _b(True)],
-        attrs={"seed": 5},
-        consts=(1, 2),
-        id="training_y_only",
-        reference=lambda *a: _dropout_reference(5)(*a)[:1],
-    ),
-    # training_mode known only at run time
-    OpCase(
-        "Dropout",
-        [rand(5, 7, 3, dtype=F64), np.array(0.25, F64), _b(True)],
-        attrs={"seed": 11},
-        n_outputs=2,
-        consts=(1,),
-        id="training_mode_input",
-        reference=_dropout_reference(11),
-    ),
-]
-
-# ratio = 0 sits on the edge of its domain [0, 1]: the central difference would
-# evaluate Dropout at a negative ratio (an error)
-for _c in _DROPOUT:
-    if _c.id == "training_ratio0":
-        _c.no_grad = True
-
-CASES = _BN + _IN + _LN + _softmax("Softmax") + _softmax("LogSoftmax") + _DROPOUT
+CASES = _IN + _LN
 
 
 # ---------------------------------------------------- backward ops (dfdl domain)
@@ -319,57 +168,6 @@ def cs_vjp(f, args, wrt: int, dys) -> np.ndarray:
             np.sum(np.imag(o) / h * np.asarray(d, np.float64))
             for o, d in zip(outs, dys)
             if d is not None
-        )
-    return out
-
-
-def _cs_softmax(x, axis):
-    # the shift is a constant (real max): softmax does not depend on it
-    e = np.exp(x - x.real.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
-
-
-def _softmax_grad_ref(axis, log):
-    def ref(dY, Y):
-        # the logits of Y: log(Y) for softmax (sums to 1), Y itself for log-softmax
-        x = Y.astype(np.float64) if log else np.log(Y.astype(np.float64))
-        f = (
-            (lambda z: [np.log(_cs_softmax(z, axis))])
-            if log
-            else (lambda z: [_cs_softmax(z, axis)])
-        )
-        return [cs_vjp(f, [x], 0, [dY]).astype(Y.dtype)]
-
-    return ref
-
-
-def _softmax_out(shape, axis, dtype, log=False, seed=0):
-    x = rand(*shape, dtype=np.float64, seed=seed)
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    y = e / e.sum(axis=axis, keepdims=True)
-    return (np.log(y) if log else y).astype(dtype)
-
-
-def _softmax_grad_cases(op: str) -> list[OpCase]:
-    log = op == "LogSoftmaxGrad"
-    out = []
-    for shape, axis, dt, tag in [
-        ((5, 7), -1, F32, "f32_2d"),
-        ((5, 7, 6), 1, F64, "f64_3d_axis1"),
-        ((5, 7, 3), 0, F32, "f32_3d_axis0"),
-        ((11,), 0, F64, "f64_1d"),
-    ]:
-        out.append(
-            OpCase(
-                op,
-                [rand(*shape, dtype=dt, seed=3), _softmax_out(shape, axis, dt, log)],
-                attrs={"axis": axis},
-                domain="dfdl",
-                reference=_softmax_grad_ref(axis, log),
-                rtol=1e-4 if dt == F32 else 1e-7,
-                atol=1e-5 if dt == F32 else 1e-9,
-                id=tag,
-            )
         )
     return out
 
@@ -506,21 +304,6 @@ def _cs_batch_norm(x, scale, bias, eps, axes):
     return [y, mean.reshape(-1), var.reshape(-1)]
 
 
-def _bn_grad_ref(epsilon=1e-5):
-    def ref(dY, X, scale, dMean=None, dVar=None):
-        axes = (0, *range(2, X.ndim))
-        b = np.zeros_like(scale)
-        f = lambda x, s, b_: _cs_batch_norm(x, s, b_, epsilon, axes)  # noqa: E731
-        dys = [dY, dMean, dVar]
-        return [
-            cs_vjp(f, [X, scale, b], 0, dys).astype(X.dtype),
-            cs_vjp(f, [X, scale, b], 1, dys).astype(scale.dtype),
-            cs_vjp(f, [X, scale, b], 2, dys).astype(scale.dtype),
-        ]
-
-    return ref
-
-
 def _in_grad_ref(epsilon=1e-5):
     def ref(dY, X, scale):
         axes = tuple(range(2, X.ndim))
@@ -535,43 +318,6 @@ def _in_grad_ref(epsilon=1e-5):
 
     return ref
 
-
-_BN_GRAD = [
-    OpCase(
-        "BatchNormalizationGrad",
-        [rand(5, 7, 3, 4, seed=3), rand(5, 7, 3, 4), _chan(7, seed=1)],
-        n_outputs=3,
-        domain="dfdl",
-        reference=_bn_grad_ref(),
-        id="f32_4d",
-        **_tol(F32),
-    ),
-    OpCase(
-        "BatchNormalizationGrad",
-        [
-            rand(5, 7, 6, dtype=F64, seed=3),
-            rand(5, 7, 6, dtype=F64),
-            _chan(7, F64, 1),
-            _chan(7, F64, 2),
-            _chan(7, F64, 3),
-        ],
-        attrs={"epsilon": 1e-3},
-        n_outputs=3,
-        domain="dfdl",
-        reference=_bn_grad_ref(1e-3),
-        id="f64_3d_stats_grads",
-        **_tol(F64),
-    ),
-    OpCase(
-        "BatchNormalizationGrad",
-        [rand(5, 7, seed=3), rand(5, 7), _chan(7, seed=1), None, _chan(7, seed=3)],
-        n_outputs=3,
-        domain="dfdl",
-        reference=_bn_grad_ref(),
-        id="f32_2d_var_grad",
-        **_tol(F32),
-    ),
-]
 
 _IN_GRAD = [
     OpCase(
@@ -596,116 +342,4 @@ _IN_GRAD = [
 ]
 
 
-def _dropout_grad_ref(dY, mask, ratio=None, training_mode=None):
-    r = 0.5 if ratio is None else float(ratio)
-    if training_mode is None or not bool(training_mode):
-        return [dY]
-    return [(dY * mask / (1 - r)).astype(dY.dtype)]
-
-
-def _mask(*shape, seed=0):
-    return np.random.default_rng(seed).uniform(size=shape) >= 0.3
-
-
-_DROPOUT_GRAD = [
-    OpCase(
-        "DropoutGrad",
-        [rand(5, 7, 3), _mask(5, 7, 3), np.array(0.3, F32), _b(True)],
-        consts=(2, 3),
-        domain="dfdl",
-        reference=_dropout_grad_ref,
-        id="training_f32",
-    ),
-    OpCase(
-        "DropoutGrad",
-        [rand(5, 7, dtype=F64), _mask(5, 7), None, _b(True)],
-        consts=(3,),
-        domain="dfdl",
-        reference=_dropout_grad_ref,
-        id="training_f64_default_ratio",
-    ),
-    OpCase(
-        "DropoutGrad",
-        [rand(5, 7), np.ones((5, 7), bool), np.array(0.3, F32), _b(False)],
-        consts=(2, 3),
-        domain="dfdl",
-        reference=_dropout_grad_ref,
-        id="inference",
-    ),
-]
-
-CASES += (
-    _softmax_grad_cases("SoftmaxGrad")
-    + _softmax_grad_cases("LogSoftmaxGrad")
-    + _LN_GRAD
-    + _LN_PARAM
-    + _BN_GRAD
-    + _IN_GRAD
-    + _DROPOUT_GRAD
-)
-
-
-def _bn_relu_ref(epsilon=1e-5, momentum=0.9):
-    """Independent of dfdl: the normalization written out, then max(., 0)."""
-
-    def ref(X, scale, B, input_mean, input_var):
-        axes = (0, *range(2, X.ndim))
-        y, mean, var = _cs_batch_norm(X.astype(F64), scale, B, epsilon, axes)
-        running = [input_mean * momentum + mean * (1 - momentum), input_var * momentum]
-        running[1] = running[1] + var * (1 - momentum)
-        return [np.maximum(y, 0).astype(X.dtype), *(r.astype(scale.dtype) for r in running)]
-
-    return ref
-
-
-def _bn_relu_grad_ref(epsilon=1e-5):
-    grad = _bn_grad_ref(epsilon)
-
-    def ref(dZ, Z, X, scale, dMean=None, dVar=None):
-        return grad(np.where(Z > 0, dZ, 0), X, scale, dMean, dVar)
-
-    return ref
-
-
-def _relu_of_bn(*shape, dtype=F32):
-    """A (dZ, Z) pair where Z has zeros (Relu's cut) and positive values."""
-    z = np.maximum(rand(*shape, dtype=dtype, seed=8), 0).astype(dtype)
-    return [rand(*shape, dtype=dtype, seed=9), z]
-
-
-_BN_RELU = [
-    OpCase(
-        "BatchNormalizationRelu",
-        _bn_inputs(5, 7, 3, 4),
-        n_outputs=3,
-        domain="dfdl",
-        reference=_bn_relu_ref(),
-        id="f32_4d",
-        **_tol(F32),
-    ),
-    OpCase(
-        "BatchNormalizationRelu",
-        _bn_inputs(5, 7, 6, dtype=F64),
-        attrs={"momentum": 0.7, "epsilon": 1e-3},
-        n_outputs=3,
-        domain="dfdl",
-        reference=_bn_relu_ref(1e-3, 0.7),
-        id="f64_3d_momentum",
-        **_tol(F64),
-    ),
-] + [
-    # the BatchNormalizationGrad cases, with dY replaced by a Relu's (dZ, Z)
-    OpCase(
-        "BatchNormalizationReluGrad",
-        [*_relu_of_bn(*c.inputs[0].shape, dtype=c.inputs[0].dtype), *c.inputs[1:]],
-        attrs=c.attrs,
-        n_outputs=3,
-        domain="dfdl",
-        reference=_bn_relu_grad_ref(c.attrs.get("epsilon", 1e-5)),
-        id=c.id,
-        **_tol(c.inputs[0].dtype.type),
-    )
-    for c in _BN_GRAD
-]
-
-CASES += _BN_RELU
+CASES += _LN_GRAD + _LN_PARAM + _IN_GRAD

@@ -1,10 +1,11 @@
-"""``dfdl.ops.pool`` helpers that the registry's cases do not reach on their own."""
+"""Pooling helpers that the registry's cases do not reach on their own: the slab of dX a
+MaxPoolGrad tile keeps (``dfdl.ops.halo.crop_slab``, shared by the forward and the CPU kernel)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from dfdl.ops.pool import crop_slab
+from dfdl.ops.halo import crop_slab
 
 
 def test_crop_slab_keeps_a_slab_and_pads_past_the_end_with_zeros():

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper
 
 import dfdl
 from dfdl.errors import MemoryPlanError, PlanError
@@ -17,6 +19,8 @@ from dfdl.plan.tiling import (
     REDUCE_FAN_IN,
     TASK_MEMORY_FRACTION,
     even_chunks,
+    format_table,
+    format_tiles,
     make_plan,
     uneven_chunks,
 )
@@ -169,6 +173,38 @@ def test_summary_lists_every_tensor_the_task_count_and_largest_task(mlp_plan):
     row = next(line for line in lines if line.startswith("layers.2.weight "))
     assert "[5, 32]" in row and "float32" in row and "(3,2)x2*16" in row
     assert next(line for line in lines if line.startswith("x ")).split()[-1] == "4*4x16"
+    assert lines[0].endswith(", tiles batch=4,model=2")  # as --tiles takes it
+    assert p.summary(tensors=False).splitlines() == lines[:2]
+    assert p.tensor_table().splitlines() == lines[2:]
+
+
+def test_summary_names_every_tensor_in_full():
+    """A column is as wide as its longest cell: no name or shape is cut."""
+    long = "encoder.block_11.attention.output.projection.bias_grad_accumulated"
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3, 4, 5, 6, 7])
+    y = helper.make_tensor_value_info(long, onnx.TensorProto.FLOAT, ["batch", 3, 4, 5, 6, 7])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], [long])], "long", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    p = dfdl.plan(model, batch_size=100000)
+    lines = p.tensor_table().splitlines()
+    assert lines[0].split() == ["tensor", "shape", "dtype", "tiles", "chunks"]
+    row = next(line for line in lines if line.startswith(long + " "))
+    assert "[100000, 3, 4, 5, 6, 7]" in row  # 23 characters: the old column cut it at 22
+    # the columns line up: every row's shape starts where the header's does
+    assert {line.index("[") for line in lines[1:]} == {lines[0].index("shape")}
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_format_tiles_and_table():
+    assert (
+        format_tiles({"batch": 2, "model": 1, "split_norms": 1}) == "batch=2,model=1,split_norms=1"
+    )
+    assert format_tiles(None) == "auto" and format_tiles("uneven") == "uneven"
+    assert format_table(("a", "n", "z"), [("long-name", "7", ""), ("b", "12", "x")], right={1}) == [
+        "a           n  z",
+        "long-name   7",
+        "b          12  x",
+    ]
 
 
 def test_task_bytes_are_the_largest_tile_in_plus_out(mlp_plan):

@@ -17,7 +17,7 @@ import dfdl
 import dfdl.models
 from dfdl.errors import ConfigError
 from dfdl.runtime.cluster import open_client
-from tests.test_cli import dfdl_cli
+from tests.cli.helpers import dfdl_cli
 
 SIZES = (16, 64, 4)
 BATCH = 32

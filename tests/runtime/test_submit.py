@@ -35,9 +35,8 @@ def test_results_match_without_hashing_a_task(client, monkeypatch):
 def test_the_client_hashes_without_it(client, monkeypatch):
     # what the module avoids: the check above can fail
     _no_hashing(monkeypatch)
-    monkeypatch.setattr(submit, "PRETOKENIZED", False)
     with pytest.raises(AssertionError, match="hashed"):
-        submit.get(client, _graph(), ["z"], sync=True)
+        client.get(_graph(), ["z"], sync=True)
 
 
 def test_every_graph_gets_a_name_of_its_own():

@@ -103,20 +103,18 @@ def test_training_on_paused_workers_is_an_error_not_a_hang(paused_client):
         train_tiny_mlp(paused_client)
 
 
-def test_data_inside_its_readers_trains_bit_identically_with_fewer_tasks(client, monkeypatch):
-    from dfdl.runtime import trainer
+def test_data_inside_its_readers_trains_bit_identically_with_fewer_tasks(client):
     from tests.taskgraph.test_fuse import _switched
 
     model = dfdl.models.resnet(
         in_channels=2, image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3
     )
-    n_off, n_on = _switched("INLINE_DATA", client, model, monkeypatch, owner=trainer)
+    n_off, n_on = _switched("inline_data", client, model)
     assert n_on < n_off, (n_on, n_off)
 
 
 def test_task_bodies_pickled_once_train_bit_identically(client, monkeypatch):
-    from dfdl.runtime import trainer
-    from dfdl.taskgraph import pack
+    from dfdl.taskgraph import optimize, pack
     from tests.taskgraph.test_fuse import _switched
 
     model = dfdl.models.resnet(
@@ -128,8 +126,8 @@ def test_task_bodies_pickled_once_train_bit_identically(client, monkeypatch):
         graphs.append(pack.pack_bodies(dsk, min_bytes=256))
         return graphs[-1]
 
-    monkeypatch.setattr(trainer, "pack_bodies", pack_small)
-    n_off, n_on = _switched("PACK", client, model, monkeypatch, owner=trainer)
+    monkeypatch.setattr(optimize, "pack_bodies", pack_small)
+    n_off, n_on = _switched("pack", client, model)
     assert n_on == n_off
     packed = [t for g in graphs for t in g.values() if getattr(t, "func", None) is pack.run_packed]
     assert packed, "no task body was packed"

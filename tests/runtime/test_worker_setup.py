@@ -105,11 +105,15 @@ def _nice_of_a_tile_task(client) -> int:
     return int(client.submit(tile_exec.run_tile, meta, pure=False).result())
 
 
+#: Linux's largest nice value: a thread asked to be nicer than that stays at it
+MAX_NICE = 19
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
 def test_tile_tasks_run_at_the_task_nice_value():
-    base = os.getpriority(os.PRIO_PROCESS, 0)
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # the suite itself may run under nice
     with dfdl.LocalCluster(1, threads_per_worker=2) as cluster, Client(cluster) as client:
-        assert _nice_of_a_tile_task(client) == base + worker_setup.TASK_NICE
+        assert _nice_of_a_tile_task(client) == min(MAX_NICE, base + worker_setup.TASK_NICE)
         # the worker's event loop (client.run runs there) keeps the process's value
         (loop,) = client.run(_task_thread_nice).values()
         assert int(loop) == base
@@ -118,4 +122,4 @@ def test_tile_tasks_run_at_the_task_nice_value():
         dfdl.LocalCluster(1, threads_per_worker=1) as cluster,
         Client(cluster) as client,
     ):
-        assert _nice_of_a_tile_task(client) == base + 3
+        assert _nice_of_a_tile_task(client) == min(MAX_NICE, base + 3)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import operator
-import sys
 import weakref
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,11 +13,10 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 import dfdl
 import dfdl.models
-from dfdl.taskgraph import fuse
-from dfdl.taskgraph.fuse import TINY_BYTES, fuse_into_consumers, fused, inline_data
+from dfdl.runtime.session import EngineOptions
+from dfdl.taskgraph.fuse import TINY_BYTES, FuseRules, fuse_into_consumers, fused, inline_data
+from dfdl.taskgraph.optimize import GraphOptions
 from dfdl.taskgraph.tile_exec import combine
-
-train_module = sys.modules["dfdl.runtime.session"]
 
 
 def _t(key, fn, *args):
@@ -68,10 +67,8 @@ def test_light_siblings_run_inside_their_consumer():
     assert _values(both, ["s"]) == _values(one, ["s"]) == {"s": 9.0}
 
 
-def test_light_does_not_override_readers_keep_or_stays(monkeypatch):
-    import dfdl.taskgraph.fuse as fuse
-
-    monkeypatch.setattr(fuse, "DUPLICATE", False)  # a's readers would both run it
+def test_light_does_not_override_readers_keep_or_stays():
+    no_copies = FuseRules(duplicate=False)  # a's readers would both run it
     dsk = {
         "x": DataNode("x", 2.0),
         "a": _t("a", operator.neg, "x"),  # two readers
@@ -81,7 +78,9 @@ def test_light_does_not_override_readers_keep_or_stays(monkeypatch):
         "e": _t("e", operator.add, "c", "d"),
         "f": _t("f", operator.neg, "b"),
     }
-    fused = fuse_into_consumers(dsk, keep=["b", "e", "f"], stays=lambda k: k == "d", light=bool)
+    fused = fuse_into_consumers(
+        dsk, keep=["b", "e", "f"], stays=lambda k: k == "d", light=bool, rules=no_copies
+    )
     assert set(fused) == {"x", "a", "b", "d", "e", "f"}  # only c, light, joins e
     assert _values(fused, ["b", "e", "f"]) == {"b": -1.0, "e": 8.0, "f": 1.0}
 
@@ -90,8 +89,8 @@ def test_light_tasks_are_small_non_contractions():
     from types import SimpleNamespace
 
     from dfdl.ir.graph import Node
-    from dfdl.runtime.trainer import _light, _small_contractions
     from dfdl.taskgraph.fuse import LIGHT_BYTES
+    from dfdl.taskgraph.optimize import _light, _small_contractions
 
     nodes = [
         Node("small", "Relu", ["x"], ["y"]),
@@ -172,7 +171,7 @@ def test_a_contraction_never_ends_up_in_a_heavy_task():
     assert set(neither) == {"x", "b", "g", "w"}
 
 
-def test_small_partials_run_inside_their_light_sum(monkeypatch):
+def test_small_partials_run_inside_their_light_sum():
     dsk = _sum_of_two_partials()  # p1 and p2: the same level
     parts = lambda k: k in ("p1", "p2")  # noqa: E731
     light = lambda k: k == "s"  # noqa: E731
@@ -181,8 +180,14 @@ def test_small_partials_run_inside_their_light_sum(monkeypatch):
     assert _values(fused, ["s"]) == {"s": 9.0}
     big = fuse_into_consumers(dsk, keep=["s"], stays=parts, light=light, small=lambda k: False)
     assert set(big) == set(dsk)  # partials that are not small run side by side
-    monkeypatch.setattr(fuse, "SMALL_PARTIALS", False)
-    apart = fuse_into_consumers(dsk, keep=["s"], stays=parts, light=light, small=parts)
+    apart = fuse_into_consumers(
+        dsk,
+        keep=["s"],
+        stays=parts,
+        light=light,
+        small=parts,
+        rules=FuseRules(small_partials=False),
+    )
     assert set(apart) == set(dsk)  # switched off: p1 would wait for p2 inside s, both stay
 
 
@@ -242,22 +247,24 @@ def _gradient_read_twice():
     }
 
 
-def _reads_twice(dsk, keep, light=lambda k: k == "g", stays=lambda k: k in ("dw", "dx")):
+def _reads_twice(
+    dsk, keep, light=lambda k: k == "g", stays=lambda k: k in ("dw", "dx"), rules=FuseRules()
+):
     """Whether g runs inside both its readers."""
-    fused = fuse_into_consumers(dsk, keep=keep, light=light, stays=stays)
+    fused = fuse_into_consumers(dsk, keep=keep, light=light, stays=stays, rules=rules)
     assert _values(fused, keep) == _values(dsk, keep)
     return "g" not in fused
 
 
-def test_a_light_value_read_by_two_contractions_at_once_runs_in_both(monkeypatch):
-    monkeypatch.setattr(fuse, "SIBLINGS", False)
+def test_a_light_value_read_by_two_contractions_at_once_runs_in_both():
+    apart = FuseRules(siblings=False)
     dsk = _gradient_read_twice()
-    assert _reads_twice(dsk, ["dw", "dx"])
+    assert _reads_twice(dsk, ["dw", "dx"], rules=apart)
     assert _values(dsk, ["dw", "dx"]) == {"dw": 40.0, "dx": 60.0}
     # not light, requested, or read by a task that is not a contraction: g stays
-    assert not _reads_twice(dsk, ["dw", "dx"], light=lambda k: False)
-    assert not _reads_twice(dsk, ["dw", "dx", "g"])
-    assert not _reads_twice(dsk, ["dw", "dx"], stays=lambda k: k == "dw")
+    assert not _reads_twice(dsk, ["dw", "dx"], light=lambda k: False, rules=apart)
+    assert not _reads_twice(dsk, ["dw", "dx", "g"], rules=apart)
+    assert not _reads_twice(dsk, ["dw", "dx"], stays=lambda k: k == "dw", rules=apart)
     # a reader that waits for another value of g's level: g stays
     late = {**dsk, "h": _t("h", operator.neg, "s")}
     late["dx"] = _t("dx", operator.add, "g", "h")
@@ -316,9 +323,11 @@ def _partials_of_two_tiles():
     }
 
 
-def _at_producer(dsk, stays=lambda k: k in ("c1", "c2"), keep=("r",)):
+def _at_producer(dsk, stays=lambda k: k in ("c1", "c2"), keep=("r",), rules=FuseRules()):
     """The fused graph, checked against the plain one."""
-    fused = fuse_into_consumers(dsk, keep=list(keep), light=lambda k: k[0] in "qmn", stays=stays)
+    fused = fuse_into_consumers(
+        dsk, keep=list(keep), light=lambda k: k[0] in "qmn", stays=stays, rules=rules
+    )
     assert _values(fused, list(keep)) == _values(dsk, list(keep))
     return fused
 
@@ -331,14 +340,7 @@ def test_a_light_partial_of_a_merge_runs_inside_the_contraction_it_reads():
     assert get_sync(fused, "c1") == (6.0, 7.0)  # c1's task returns its partial too
     # the merge reads both tiles' partials, so the merge is what waits: without the
     # rule the partials run one after the other inside it
-    import dfdl.taskgraph.fuse as fuse
-
-    old = fuse.PARTIALS_AT_PRODUCER
-    try:
-        fuse.PARTIALS_AT_PRODUCER = False
-        plain = _at_producer(dsk)
-    finally:
-        fuse.PARTIALS_AT_PRODUCER = old
+    plain = _at_producer(dsk, rules=FuseRules(partials_at_producer=False))
     assert get_sync(plain, "c1") == 6.0 and not {"q1", "q2"} & set(plain)
 
 
@@ -379,7 +381,7 @@ def test_a_merge_of_tiny_partials_runs_again_inside_its_next_readers():
     assert "m" not in fused and set(fused["n1"].dependencies) == {"p1", "p2"}
 
 
-def test_a_merge_stays_a_task_unless_tiny_plain_and_not_requested(monkeypatch):
+def test_a_merge_stays_a_task_unless_tiny_plain_and_not_requested():
     dsk = _tiny_merge()
 
     def inlined(fused):
@@ -404,8 +406,7 @@ def test_a_merge_stays_a_task_unless_tiny_plain_and_not_requested(monkeypatch):
     )
     assert _values(fused, ["late"]) == _values(heavy, ["late"])
     assert "q" not in fused and "m" in fused["n1"].dependencies
-    monkeypatch.setattr(fuse, "MERGES_IN_READERS", False)
-    assert not inlined(_merge_fused(dsk, ["late"]))
+    assert not inlined(_merge_fused(dsk, ["late"], rules=FuseRules(merges_in_readers=False)))
 
 
 def test_a_partial_stays_out_of_producers_that_are_light_requested_or_read_early():
@@ -490,8 +491,8 @@ def test_a_fused_task_must_reduce_to_one_value():
         fused(_t("a", operator.neg, "x"), _t("b", operator.neg, "x"), key="a")
 
 
-def test_ordered_fusion_is_bit_identical_to_dask_fuse(client, resnet_like, monkeypatch):
-    _switched("ORDERED", client, resnet_like, monkeypatch)
+def test_ordered_fusion_is_bit_identical_to_dask_fuse(client, resnet_like):
+    _switched("ordered", client, resnet_like)
 
 
 @pytest.fixture(scope="module")
@@ -501,10 +502,10 @@ def resnet_like():
     )
 
 
-def _train(model, client, fuse: bool, monkeypatch, tiles=None):
+def _train(model, client, engine: EngineOptions, tiles=None):
+    """Three steps of ``model`` with ``engine``'s choices: the result and its task count."""
     from distributed import get_task_stream
 
-    monkeypatch.setattr(train_module, "FUSE_TASKS", fuse)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((16, 2, 8, 8)).astype(np.float32)
     y = rng.integers(0, 3, size=16)
@@ -512,14 +513,14 @@ def _train(model, client, fuse: bool, monkeypatch, tiles=None):
         res = dfdl.train(
             model, (x, y), optimizer=dfdl.optim.Adam(lr=1e-2), batch_size=8, steps=3,
             shuffle=False, client=client, progress=False,
-            tiles=tiles or {"batch": 2, "model": 1},
+            tiles=tiles or {"batch": 2, "model": 1}, engine=engine,
         )  # fmt: skip
     return res, len(ts.data)
 
 
-def test_fused_training_is_bit_identical_with_fewer_tasks(client, resnet_like, monkeypatch):
-    plain, n_plain = _train(resnet_like, client, False, monkeypatch)
-    fused, n_fused = _train(resnet_like, client, True, monkeypatch)
+def test_fused_training_is_bit_identical_with_fewer_tasks(client, resnet_like):
+    plain, n_plain = _train(resnet_like, client, _engine(fuse=False))
+    fused, n_fused = _train(resnet_like, client, EngineOptions())
     assert fused.fused and not plain.fused
     assert fused.history["loss"] == plain.history["loss"]
     for k, v in plain.params.items():
@@ -527,14 +528,22 @@ def test_fused_training_is_bit_identical_with_fewer_tasks(client, resnet_like, m
     assert n_fused < 0.9 * n_plain, (n_fused, n_plain)  # measured: 353 of 422
 
 
-def _switched(switch, client, model, monkeypatch, owner=fuse):
-    """Training runs with ``<owner>.<switch>`` (a module of ``dfdl.graph``) off, then on:
-    the two results and task counts; their losses and weights must be the same bits."""
+def _engine(base: GraphOptions = GraphOptions(), **change) -> EngineOptions:
+    """Engine options with the task-graph options' fields in ``change`` (a name of
+    :class:`FuseRules` changes the fusion rules)."""
+    rules = {k: v for k, v in change.items() if k in FuseRules.__dataclass_fields__}
+    graph = {k: v for k, v in change.items() if k not in rules}
+    return EngineOptions(graph=replace(base, rules=replace(base.rules, **rules), **graph))
+
+
+def _switched(option, client, model, base: GraphOptions = GraphOptions()):
+    """Training runs with the task-graph ``option`` (a field of GraphOptions or
+    FuseRules) off, then on: the two task counts; their losses and weights must be the
+    same bits."""
     tiles = {"batch": 2, "model": 1, "split_norms": 1}
     runs = []
     for on in (False, True):
-        monkeypatch.setattr(owner, switch, on)
-        runs.append(_train(model, client, True, monkeypatch, tiles))
+        runs.append(_train(model, client, _engine(base, **{option: on}), tiles))
     (off, n_off), (on, n_on) = runs
     assert on.history["loss"] == off.history["loss"]
     for k, v in off.params.items():
@@ -542,42 +551,39 @@ def _switched(switch, client, model, monkeypatch, owner=fuse):
     return n_off, n_on
 
 
-def test_carrying_activations_is_bit_identical_with_fewer_tasks(client, resnet_like, monkeypatch):
-    n_plain, n_carried = _switched("CARRY", client, resnet_like, monkeypatch)
+def test_carrying_activations_is_bit_identical_with_fewer_tasks(client, resnet_like):
+    n_plain, n_carried = _switched("carry", client, resnet_like)
     assert n_carried < n_plain, (n_carried, n_plain)
 
 
-def test_siblings_in_one_task_are_bit_identical_with_fewer_tasks(client, resnet_like, monkeypatch):
-    n_apart, n_together = _switched("SIBLINGS", client, resnet_like, monkeypatch)
+def test_siblings_in_one_task_are_bit_identical_with_fewer_tasks(client, resnet_like):
+    n_apart, n_together = _switched("siblings", client, resnet_like)
     assert n_together < n_apart, (n_together, n_apart)
 
 
-def test_partials_at_their_producers_are_bit_identical(client, resnet_like, monkeypatch):
-    _switched("PARTIALS_AT_PRODUCER", client, resnet_like, monkeypatch)
+def test_partials_at_their_producers_are_bit_identical(client, resnet_like):
+    _switched("partials_at_producer", client, resnet_like)
 
 
-def test_merges_in_readers_are_bit_identical_with_fewer_tasks(resnet_like, monkeypatch):
+def test_merges_in_readers_are_bit_identical_with_fewer_tasks(resnet_like):
     from distributed import Client
-
-    from dfdl.taskgraph import gang, step_tasks
 
     # on one worker, step tasks and gangs take in a merge left as a task
     # (tests/taskgraph/test_step_tasks.py, test_gang.py): the task counts here are fusion's
-    monkeypatch.setattr(step_tasks, "STEP_TASKS", False)
-    monkeypatch.setattr(gang, "GANG", False)
+    fusion_only = GraphOptions(step_tasks=False, gangs=False)
 
     with (
         dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="1GiB") as cluster,
         Client(cluster) as one,
     ):
-        n_plain, n_inline = _switched("MERGES_IN_READERS", one, resnet_like, monkeypatch)
+        n_plain, n_inline = _switched("merges_in_readers", one, resnet_like, fusion_only)
     assert n_inline < n_plain, (n_inline, n_plain)
 
 
-def test_merges_stay_tasks_on_several_workers(client, resnet_like, monkeypatch):
+def test_merges_stay_tasks_on_several_workers(client, resnet_like):
     # each reader would fetch every tile's packed output from the other worker
     assert len(client.scheduler_info()["workers"]) == 2
-    n_plain, n_inline = _switched("MERGES_IN_READERS", client, resnet_like, monkeypatch)
+    n_plain, n_inline = _switched("merges_in_readers", client, resnet_like)
     assert n_inline == n_plain
 
 

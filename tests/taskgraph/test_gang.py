@@ -12,8 +12,9 @@ from dask.task_spec import Alias, DataNode, Task, TaskRef
 
 import dfdl
 import dfdl.models
-from dfdl.taskgraph import gang, step_tasks
+from dfdl.taskgraph import gang
 from dfdl.taskgraph.gang import gang_siblings, run_gang
+from dfdl.taskgraph.optimize import GraphOptions
 from tests.taskgraph.test_fuse import _switched
 
 
@@ -108,8 +109,10 @@ def test_an_outside_reader_that_also_reads_the_last_gang_does_not_cut_the_chain(
     out = gang_siblings(dsk, keep=["s"], width=2)
     assert _gangs(out) == [("a", 0, 0)]
     assert get_sync(out, "s") == get_sync(dsk, "s")
-    monkeypatch.setattr(gang, "CRITICAL_PATH", False)
-    assert _gangs(gang_siblings(dsk, keep=["s"], width=2)) == [("a", 0, 0), ("b", 0, 0)]
+    assert _gangs(gang_siblings(dsk, keep=["s"], width=2, critical_path=False)) == [
+        ("a", 0, 0),
+        ("b", 0, 0),
+    ]
 
 
 def test_the_gang_on_the_longest_path_continues_the_chain(monkeypatch):
@@ -128,8 +131,7 @@ def test_the_gang_on_the_longest_path_continues_the_chain(monkeypatch):
     assert ("d", 0, 0) not in out
     assert get_sync(out, "s") == get_sync(dsk, "s") == 6.0
     # taken first by key order, "c" continued the chain, which its sibling "d" then cut
-    monkeypatch.setattr(gang, "CRITICAL_PATH", False)
-    apart = gang_siblings(dsk, keep=["s"], width=2)
+    apart = gang_siblings(dsk, keep=["s"], width=2, critical_path=False)
     assert _gangs(apart) == [("a", 0, 0), ("c", 0, 0), ("d", 0, 0)]
 
 
@@ -240,18 +242,18 @@ def resnet_like():
 def test_gangs_train_bit_identically_with_fewer_tasks(resnet_like, monkeypatch):
     from distributed import Client
 
-    monkeypatch.setattr(step_tasks, "STEP_TASKS", False)  # gangs are their fallback
+    no_steps = GraphOptions(step_tasks=False)  # gangs are their fallback
 
     with (
         dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="1GiB") as cluster,
         Client(cluster) as one,
     ):
-        n_off, n_on = _switched("GANG", one, resnet_like, monkeypatch, owner=gang)
+        n_off, n_on = _switched("gangs", one, resnet_like, no_steps)
     assert n_on < 0.85 * n_off, (n_on, n_off)
 
 
 def test_no_gangs_on_several_workers(client, resnet_like, monkeypatch):
     # a gang would pull both batch tiles' inputs onto one worker
     assert len(client.scheduler_info()["workers"]) == 2
-    n_off, n_on = _switched("GANG", client, resnet_like, monkeypatch, owner=gang)
+    n_off, n_on = _switched("gangs", client, resnet_like)
     assert n_on == n_off

@@ -17,7 +17,9 @@ from distributed import get_task_stream
 
 import dfdl
 import dfdl.models
+from dfdl.runtime.session import EngineOptions
 from dfdl.taskgraph import gang, step_tasks
+from dfdl.taskgraph.optimize import GraphOptions
 from dfdl.taskgraph.step_tasks import group_steps, run_local
 from tests.taskgraph.test_fuse import _switched, _train
 
@@ -179,16 +181,16 @@ def resnet_like():
 def test_steps_train_bit_identically_with_fewer_tasks(resnet_like, monkeypatch):
     from distributed import Client
 
-    monkeypatch.setattr(gang, "GANG", False)  # the count without steps: fusion's alone
+    no_gangs = GraphOptions(gangs=False)  # the count without steps: fusion's alone
     with (
         dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="1GiB") as cluster,
         Client(cluster) as one,
     ):
-        n_off, n_on = _switched("STEP_TASKS", one, resnet_like, monkeypatch, owner=step_tasks)
+        n_off, n_on = _switched("step_tasks", one, resnet_like, no_gangs)
         assert n_on < 0.5 * n_off, (n_on, n_off)
         # the dashboard's task stream names each step's task after what it is
         with get_task_stream(one) as ts:
-            _train(resnet_like, one, True, monkeypatch, {"batch": 2, "model": 1})
+            _train(resnet_like, one, EngineOptions(), {"batch": 2, "model": 1})
     names = Counter(key_split(r["key"]) for r in ts.data)
     assert names[step_tasks.STEP_NAME] == 3, names  # one per step of the 3-step run
 
@@ -196,5 +198,5 @@ def test_steps_train_bit_identically_with_fewer_tasks(resnet_like, monkeypatch):
 def test_no_step_tasks_on_several_workers(client, resnet_like, monkeypatch):
     # one task per step would pull every tile of the step onto one worker
     assert len(client.scheduler_info()["workers"]) == 2
-    n_off, n_on = _switched("STEP_TASKS", client, resnet_like, monkeypatch, owner=step_tasks)
+    n_off, n_on = _switched("step_tasks", client, resnet_like)
     assert n_on == n_off

@@ -118,3 +118,58 @@ def test_several_outputs_are_sized_exactly_for_dask():
     out = run_tile(meta, np.zeros(3, np.float32))
     assert isinstance(out, tile_exec.Outputs) and len(out) == 2
     assert out[1].tolist() == [1.0, 1.0, 1.0]
+
+
+# ---- device arrays: tiles of another array namespace flow through as they are -------
+
+
+@pytest.fixture
+def device():
+    """array-api-strict on a non-default device: converting one of its arrays to numpy
+    raises, as a GPU array does, so any numpy call on a tile fails the test."""
+    xp = pytest.importorskip("array_api_strict", reason="the device stand-in is not installed")
+    return xp, xp.Device("device1")
+
+
+def _on(device, values) -> object:
+    xp, dev = device
+    return xp.asarray(np.asarray(values, np.float64), device=dev)
+
+
+def _back(x) -> np.ndarray:
+    """A device array's values as numpy (moved to the default device first)."""
+    xp = x.__array_namespace__()
+    return np.asarray(xp.asarray(x, device=xp.Device("CPU_DEVICE")))
+
+
+def test_device_tiles_are_assembled_run_and_combined_on_their_device(device):
+    xp, dev = device
+    with pytest.raises(RuntimeError):
+        np.asarray(_on(device, [1.0]))  # the stand-in refuses numpy, as a GPU array would
+    left, right = _on(device, [[1.0, 2.0], [3.0, 4.0]]), _on(device, [[5.0], [6.0]])
+    pieces = ((0, None, (slice(0, 2), slice(0, 2)), (slice(0, 2), slice(0, 2))),
+              (1, None, (slice(0, 2), slice(0, 1)), (slice(0, 2), slice(2, 3))))  # fmt: skip
+    meta = (
+        xp.add,
+        {},
+        (("assemble", (2, 3), None, pieces), ("slice", 0, None, (slice(0, 2), slice(0, 1)))),
+        ((2, 3),),
+        "node 'a' (Add) tile (0,)",
+    )
+    out = run_tile(meta, left, right)
+    assert out.device == dev
+    np.testing.assert_array_equal(_back(out), [[2.0, 3.0, 6.0], [6.0, 7.0, 9.0]])
+    total = combine("sum", out, out, out)
+    assert total.device == dev
+    np.testing.assert_array_equal(_back(total), 3 * _back(out))
+    assert _back(combine("max", out, -out)).tolist() == _back(out).tolist()
+
+
+def test_device_moments_merge_like_numpy(device):
+    rows = (
+        np.array([[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]]),
+        np.array([[3.0, 2.0, 1.5], [1.0, 4.0, 0.0]]),
+    )
+    want = combine("moments", *rows)
+    got = combine("moments", *(_on(device, r) for r in rows))
+    np.testing.assert_allclose(_back(got), want, rtol=1e-15)

@@ -6,3 +6,18 @@ forward wherever a kernel does not accept the arrays.
 """
 
 from __future__ import annotations
+
+from dfdl.ops.cpu import (  # noqa: F401  (imported for registration)
+    batch_norm,
+    conv,
+    dropout,
+    elementwise,
+    layout,
+    linalg,
+    loss,
+    norm,
+    optim,
+    pool,
+    resize,
+    softmax,
+)

@@ -2,42 +2,28 @@
 (``pip install dfdl[mkl]``), numpy's BLAS otherwise.
 
 Every CPU matrix product of dfdl's kernels (Gemm, MatMul and its gradients, the
-convolutions' im2col products) goes through :func:`matmul`. On this project's Xeon
-(AVX-512) MKL's sequential ``sgemm`` ran the dense layers' shapes 3-10% faster than
-numpy's OpenBLAS on one thread (e.g. (1024, 2048) @ (2048, 2048): 179 against 165
-GFLOP/s), and it adds into an output in place (``beta=1``) where numpy needs a
-temporary.
+convolutions' im2col products) goes through :func:`matmul`, which calls MKL's
+``cblas_?gemm`` on the operands in place (transposed views, output views, ``+=`` into
+an output without a temporary) and numpy's matmul for whatever MKL cannot take as it is
+(integer or mixed dtypes, no unit stride, an output overlapping an input, empty axes).
+The library is chosen once per process, at its first product, from ``DFDL_BLAS``:
+``auto`` (the default: MKL when ``libmkl_rt`` is found, the CPU is Intel's and PyTorch
+is not imported in the process, else numpy), ``mkl`` (MKL or an error) or ``numpy``;
+:func:`backend` says which. MKL runs on its sequential layer (parallelism comes from
+tiles, one thread per task) and is loaded lazily, so a process that only plans never
+loads it. A process that imported torch runs on numpy (``auto``) or stops with an
+error (``mkl``): the two MKLs take each other's symbols.
 
-Which library runs is chosen once per process, at its first product, from
-``DFDL_BLAS``: ``auto`` (the default: MKL when its runtime library ``libmkl_rt`` is
-found, the CPU is Intel's and PyTorch is not imported in the process, else numpy),
-``mkl`` (MKL or an error) or ``numpy``. On AMD CPUs MKL takes a slow generic path: on
-an AMD EPYC (Zen 5, AVX-512) VM its sequential ``sgemm`` ran 89-112 GFLOP/s on one
-thread where numpy's OpenBLAS ran 193-239 (its SkylakeX kernels) or 121-129
-(``OPENBLAS_CORETYPE=Haswell``; ``python bench/blas.py``), whatever ``MKL_ENABLE_INSTRUCTIONS`` or
-``MKL_DEBUG_CPU_TYPE`` said. PyTorch links its own MKL: once this one is loaded, PyTorch's
-GEMMs in the same process ran on one thread (2048 x 4096 x 4096 on 2 threads: 171
-against 347 GFLOP/s), and MKL crashed on a bad argument where PyTorch was loaded
-first. So a process that imported torch runs on numpy (``auto``) or stops with an
-error (``mkl``). Workers that Dask spawns from a script re-run its top-level imports:
-a script that imports torch at the top gets numpy in its embedded cluster's workers
-too; import torch inside a function instead. MKL is loaded lazily for the same reason:
-a client process that only builds graphs (the workers run the products) never loads
-it.
-
-All workers of a cluster should run the same library: the two sum in different
-orders, so their results differ in the last bits (runs stay bit-identical as long as
-the library is the same; MKL's sequential results do not depend on the arrays'
-alignment). MKL runs on its sequential layer: parallelism comes from tiles, one thread
-per task, as with numpy's BLAS in dfdl's workers.
-
-Products MKL cannot take as they are (integer or mixed dtypes, operands with no unit
-stride, an output that overlaps an input, empty axes) go to numpy.
+Guarantees: results are bit-identical from run to run as long as the library is the
+same (MKL's sequential results do not depend on the arrays' alignment); MKL and
+OpenBLAS sum in different orders, so give all workers of a cluster the same library.
 
 Example:
     >>> a = np.ones((2, 3), np.float32)
     >>> matmul(a, np.ones((3, 4), np.float32))[0]
     array([3., 3., 3., 3.], dtype=float32)
+
+Measurements: ``docs/design/blas.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,33 @@
 """CPU kernels for Conv, ConvTranspose and their gradients (dfdl.ConvGradInput,
-dfdl.ConvGradWeight): numba im2col / col2im around a BLAS GEMM.
+dfdl.ConvGradWeight): numba im2col / col2im around a BLAS GEMM, and faster kernels
+for the geometries that have one.
 
-Every convolution is run as 3-D (1-D and 2-D get leading singleton spatial axes).
-Conv: ``cols = im2col(x)`` of shape (C/g * kd*kh*kw, positions), then ``y = W @ cols``.
-ConvTranspose and ConvGradInput (the same scatter): ``cols = W^T @ x``, then ``col2im``
-scatter-adds cols into the output. ConvGradWeight: ``dW = dY @ im2col(x)^T``.
-The cols buffer is built in blocks of at most ``COLS_BYTES`` (several samples at once
-when images are small, a range of output rows when they are large), so the temporary
-stays bounded whatever the tile size. float32/float64 only; other dtypes use the numpy
-forward.
+For each convolution :func:`algorithm` picks the first implementation of
+:data:`ALGORITHMS` that applies to its forward geometry, for the forward and both
+gradients alike: the stride-1 3x3 stencils of :mod:`dfdl.ops.cpu.conv_direct` (few
+channels, large images: the 3-D U-Net), Winograd F(2x2, 3x3) of
+:mod:`dfdl.ops.cpu.winograd` (2-D, 3x3, stride 1, pad 1, float32, at least 32 channels:
+the ResNet's stages), the 1x1 kernels of :mod:`dfdl.ops.cpu.conv_pointwise` (a ResNet's
+shortcuts), else im2col: every convolution runs as 3-D, ``y = W @ im2col(x)``;
+ConvTranspose and ConvGradInput scatter ``W^T @ x`` with ``col2im``; ConvGradWeight is
+``dY @ im2col(x)^T``. The cols buffer is built in blocks of at most :data:`COLS_BYTES`,
+so the temporary stays bounded whatever the tile size. float32/float64 only; other
+dtypes use the numpy forward.
 
-Three geometries take other kernels first: the stride-1 3x3 stencils of
-:mod:`dfdl.ops.cpu.conv_direct` (few channels, large images: the 3-D U-Net), then
-Winograd F(2x2, 3x3) (:mod:`dfdl.ops.cpu.winograd`: 2-D, 3x3, stride 1, pad 1, float32,
-at least 32 channels: the ResNet's stages), then 1x1 kernels without padding at any
-stride (:mod:`dfdl.ops.cpu.conv_pointwise`: a ResNet's shortcuts), for the forward and
-both gradients.
+Guarantees: the choice depends only on a tile's geometry and dtype, never on timing or
+the machine, so a run repeats bit for bit. :func:`run_conv`, :func:`run_grad_input`
+and :func:`run_grad_weight` run one named implementation, which is how tests and
+benchmarks compare them. The kernels receive the resolved geometry of
+:func:`dfdl.ops.conv.conv_params`.
+
+Example:
+    >>> algorithm((8, 64, 16, 16), (64, 64, 3, 3), np.float32, kernel_shape=(3, 3),
+    ...           strides=(1, 1), dilations=(1, 1), pads_begin=(1, 1), pads_end=(1, 1),
+    ...           out_spatial=(16, 16), group=1)
+    'winograd'
+
+Measurements: ``docs/design/conv-direct.md``, ``winograd.md``, ``conv-pointwise.md``,
+``im2col-in-place.md``.
 """
 
 from __future__ import annotations
@@ -25,12 +37,16 @@ import numpy as np
 
 from dfdl.ops.cpu import conv_direct, conv_pointwise, winograd
 from dfdl.ops.cpu.blas import matmul
+from dfdl.ops.registry import kernel
 
 #: upper bound on one im2col/col2im buffer (bytes)
 COLS_BYTES = 4 << 20
 #: fewest channels per group for the channels-last path (each kernel offset copies this
 #: many contiguous values; with fewer, the channels-first rows are the longer runs)
 CL_MIN_CHANNELS = 4
+
+#: the implementations :func:`algorithm` picks from, in order of preference
+ALGORITHMS = ("direct", "winograd", "pointwise", "im2col")
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -218,32 +234,8 @@ def _plan(n: int, rows: int, row_len: int, kk: int, itemsize: int):
     return blocks, width
 
 
-def _direct(geo, x_shape, w_shape, group, dtype) -> bool:
-    """Whether the forward geometry ``geo`` takes :mod:`dfdl.ops.cpu.conv_direct`."""
-    return conv_direct.applies(
-        x_shape,
-        w_shape,
-        geo.strides,
-        geo.dilations,
-        group,
-        geo.pads_begin,
-        geo.pads_end,
-        geo.out,
-        dtype,
-    )
-
-
-def _winograd(geo, x_shape, w_shape, group, dtype) -> bool:
-    """Whether the forward geometry ``geo`` takes :mod:`dfdl.ops.cpu.winograd`."""
-    return winograd.applies(x_shape, w_shape, *_same_attrs(geo, group), dtype)
-
-
-def _pointwise(geo, w_shape, group) -> bool:
-    """Whether ``geo`` takes :mod:`dfdl.ops.cpu.conv_pointwise`."""
-    return conv_pointwise.applies(w_shape, group, geo.pads_begin, geo.pads_end)
-
-
-def _supported(X, W, B) -> bool:
+def _supported(X, W, B=None, **attrs) -> bool:
+    """Whether the kernels take these arrays: float32 or float64 alike, 1-D to 3-D."""
     return (
         X.dtype in _FLOATS
         and W.dtype == X.dtype
@@ -252,43 +244,84 @@ def _supported(X, W, B) -> bool:
     )
 
 
-def conv_cpu(
+def algorithm(
+    x_shape,
+    w_shape,
+    dtype,
+    *,
+    kernel_shape,
+    strides,
+    dilations,
+    pads_begin,
+    pads_end,
+    out_spatial,
+    group,
+) -> str:
+    """The implementation the kernels pick for a convolution of this forward geometry
+    (the Conv's, or the one whose gradient is taken): ``"direct"``
+    (:mod:`dfdl.ops.cpu.conv_direct`), ``"winograd"`` (:mod:`dfdl.ops.cpu.winograd`),
+    ``"pointwise"`` (:mod:`dfdl.ops.cpu.conv_pointwise`) or ``"im2col"``, the first that
+    applies.
+
+    Example:
+        >>> algorithm((8, 64, 16, 16), (64, 64, 3, 3), np.float32, kernel_shape=(3, 3),
+        ...           strides=(1, 1), dilations=(1, 1), pads_begin=(1, 1), pads_end=(1, 1),
+        ...           out_spatial=(16, 16), group=1)
+        'winograd'
+    """
+    if conv_direct.applies(
+        x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, out_spatial, dtype
+    ):
+        return "direct"
+    if winograd.applies(x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, dtype):
+        return "winograd"
+    if conv_pointwise.applies(w_shape, group, pads_begin, pads_end):
+        return "pointwise"
+    return "im2col"
+
+
+def _check_algorithm(algo: str) -> None:
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown convolution algorithm {algo!r} (one of {ALGORITHMS})")
+
+
+def run_conv(
+    algo: str,
     X,
     W,
     B=None,
     *,
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
-):
-    """Conv tile kernel: numba im2col + BLAS matmul; same signature as the forward."""
-    from dfdl.ops import conv as ops  # lazy: dfdl.ops.conv imports this module
+    kernel_shape,
+    strides,
+    dilations,
+    pads_begin,
+    pads_end,
+    out_spatial,
+    group,
+) -> np.ndarray:
+    """Conv of ``X`` and ``W`` (plus ``B``) by the implementation ``algo`` (see
+    :func:`algorithm`; it must apply to the geometry), with the Conv kernel's parameters.
 
-    attrs = {
-        "auto_pad": auto_pad,
-        "dilations": dilations,
-        "kernel_shape": kernel_shape,
-        "pads": pads,
-        "strides": strides,
-    }
-    if not _supported(X, W, B):
-        return ops.Conv(X, W, B, group=group, **attrs)
-    geo = ops.conv_geometry(X.shape, W.shape, **attrs)
-    if _direct(geo, X.shape, W.shape, group, X.dtype):
-        y = conv_direct.conv(np.ascontiguousarray(X), W, geo.pads_begin, geo.pads_end)
+    Example:
+        >>> x, w = np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 3, 3), np.float32)
+        >>> run_conv("im2col", x, w, kernel_shape=(3, 3), strides=(1, 1), dilations=(1, 1),
+        ...          pads_begin=(0, 0), pads_end=(0, 0), out_spatial=(2, 2), group=1)[0, 0]
+        array([[18., 18.],
+               [18., 18.]], dtype=float32)
+    """
+    _check_algorithm(algo)
+    if algo == "direct":
+        y = conv_direct.conv(np.ascontiguousarray(X), W, pads_begin, pads_end)
         if B is not None:
             y += B.reshape((1, -1) + (1,) * (X.ndim - 2))
         return y
-    if _winograd(geo, X.shape, W.shape, group, X.dtype):
+    if algo == "winograd":
         y = winograd.conv(X, np.ascontiguousarray(W))
         if B is not None:
             y += B.reshape(1, -1, 1, 1)
         return y
-    if _pointwise(geo, W.shape, group):
-        y = conv_pointwise.conv(X, W, geo.strides)
+    if algo == "pointwise":
+        y = conv_pointwise.conv(X, W, strides)
         if B is not None:
             y += B.reshape((1, -1) + (1,) * (X.ndim - 2))
         return y
@@ -296,9 +329,9 @@ def conv_cpu(
     m = W.shape[0]
     cg, mg = c // group, m // group
     x = np.ascontiguousarray(X).reshape((n, c, *_to3d(X.shape[2:], 1)))
-    k, s, d = _to3d(geo.kernel, 1), _to3d(geo.strides, 1), _to3d(geo.dilations, 1)
-    p = _to3d(geo.pads_begin, 0)
-    out_d, out_h, out_w = (int(v) for v in _to3d(geo.out, 1))
+    k, s, d = _to3d(kernel_shape, 1), _to3d(strides, 1), _to3d(dilations, 1)
+    p = _to3d(pads_begin, 0)
+    out_d, out_h, out_w = (int(v) for v in _to3d(out_spatial, 1))
     rows, npos = out_d * out_h, out_d * out_h * out_w
     kk = cg * int(np.prod(k))
     w2 = np.ascontiguousarray(W).reshape(group, mg, kk)
@@ -308,7 +341,7 @@ def conv_cpu(
         y = _conv_cl(x, W, group, per, (out_d, out_h, out_w), k, s, d, p)
         if B is not None:
             y += B.reshape(1, m, 1)
-        return y.reshape((n, m, *geo.out))
+        return y.reshape((n, m, *out_spatial))
     y = np.empty((n, m, npos), X.dtype)
     blocks, width = ([], 0) if pointwise else _plan(n, rows, out_w, kk, X.itemsize)
     buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block
@@ -329,7 +362,24 @@ def conv_cpu(
                 matmul(w2[g], per_sample, out=yg[n0:n1, :, r0 * out_w : r1 * out_w])
     if B is not None:
         y += B.reshape(1, m, 1)
-    return y.reshape((n, m, *geo.out))
+    return y.reshape((n, m, *out_spatial))
+
+
+@kernel("Conv", accepts=_supported)
+def conv(
+    X, W, B=None, *, kernel_shape, strides, dilations, pads_begin, pads_end, out_spatial, group
+):
+    """Conv tile kernel: the first implementation of :func:`algorithm` that applies."""
+    geo = dict(
+        kernel_shape=kernel_shape,
+        strides=strides,
+        dilations=dilations,
+        pads_begin=pads_begin,
+        pads_end=pads_end,
+        out_spatial=out_spatial,
+        group=group,
+    )
+    return run_conv(algorithm(X.shape, W.shape, X.dtype, **geo), X, W, B, **geo)
 
 
 def _conv_cl(x, W, group, per, out, k, s, d, p) -> np.ndarray:
@@ -408,41 +458,17 @@ def _scatter_cl(x, W, group, per, out, k, s, d, p) -> np.ndarray:
     return y
 
 
-def conv_transpose_cpu(
-    X,
-    W,
-    B=None,
-    *,
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    output_padding=None,
-    output_shape=None,
-    pads=None,
-    strides=None,
+@kernel("ConvTranspose", accepts=_supported)
+def conv_transpose(
+    X, W, B=None, *, kernel_shape, strides, dilations, pads_begin, pads_end, out_spatial, group
 ):
-    """ConvTranspose tile kernel: BLAS matmul + numba col2im; same signature as the
-    forward."""
-    from dfdl.ops import conv as ops  # lazy: dfdl.ops.conv imports this module
-
-    attrs = {
-        "auto_pad": auto_pad,
-        "dilations": dilations,
-        "kernel_shape": kernel_shape,
-        "output_padding": output_padding,
-        "output_shape": output_shape,
-        "pads": pads,
-        "strides": strides,
-    }
-    if not _supported(X, W, B):
-        return ops.ConvTranspose(X, W, B, group=group, **attrs)
-    geo = ops.conv_transpose_geometry(X.shape, W.shape, **attrs)
-    y = _scatter(X, W, group, geo.kernel, geo.strides, geo.dilations, geo.pads_begin, geo.out)
+    """ConvTranspose tile kernel: BLAS matmul + numba col2im (``pads_end`` is implied by
+    ``out_spatial``)."""
+    y = _scatter(X, W, group, kernel_shape, strides, dilations, pads_begin, out_spatial)
     n, m = y.shape[:2]
     if B is not None:
         y += B.reshape((1, m, 1, 1, 1))
-    return y.reshape((n, m, *geo.out))
+    return y.reshape((n, m, *out_spatial))
 
 
 def _scatter(X, W, group, kernel, strides, dilations, pads_begin, out) -> np.ndarray:
@@ -483,102 +509,130 @@ def _scatter(X, W, group, kernel, strides, dilations, pads_begin, out) -> np.nda
     return y
 
 
-def _same_attrs(geo, group: int = 1) -> tuple:
-    """(strides, dilations, group, pads_begin, pads_end) of ``geo`` with ``group``."""
-    return geo.strides, geo.dilations, group, geo.pads_begin, geo.pads_end
+def _accepts_grad(A, B, **attrs) -> bool:
+    return _supported(A, B)
 
 
-def _grad_attrs(auto_pad, dilations, kernel_shape, pads, strides) -> dict:
-    return {
-        "auto_pad": auto_pad,
-        "dilations": dilations,
-        "kernel_shape": kernel_shape,
-        "pads": pads,
-        "strides": strides,
-    }
-
-
-def conv_grad_input_cpu(
+def run_grad_input(
+    algo: str,
     dY,
     W,
     *,
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
-    input_shape=None,
-):
-    """dfdl.ConvGradInput tile kernel (a Conv's dX): BLAS matmul + numba col2im."""
-    from dfdl.ops import conv as ops  # lazy: dfdl.ops.conv imports this module
+    kernel_shape,
+    strides,
+    dilations,
+    pads_begin,
+    pads_end,
+    out_spatial,
+    group,
+    input_shape,
+) -> np.ndarray:
+    """A Conv's dX (of shape ``input_shape``) from ``dY`` by the implementation ``algo``
+    (see :func:`algorithm`), with the ConvGradInput kernel's parameters.
 
-    attrs = _grad_attrs(auto_pad, dilations, kernel_shape, pads, strides)
-    if not _supported(dY, W, None):
-        return ops.ConvGradInput(dY, W, group=group, input_shape=input_shape, **attrs)
-    shape = tuple(int(v) for v in input_shape)
-    geo = ops.conv_geometry(shape, W.shape, **attrs)
-    if _direct(geo, shape, W.shape, group, dY.dtype):
+    Example:
+        >>> dy, w = np.ones((1, 3, 2, 2), np.float32), np.ones((3, 2, 3, 3), np.float32)
+        >>> run_grad_input("im2col", dy, w, kernel_shape=(3, 3), strides=(1, 1),
+        ...                dilations=(1, 1), pads_begin=(0, 0), pads_end=(0, 0),
+        ...                out_spatial=(2, 2), group=1, input_shape=(1, 2, 4, 4))[0, 0, 0]
+        array([3., 6., 6., 3.], dtype=float32)
+    """
+    _check_algorithm(algo)
+    if algo == "direct":
         return conv_direct.conv_grad_input(
-            np.ascontiguousarray(dY), W, geo.pads_begin, geo.pads_end, shape[2:]
+            np.ascontiguousarray(dY), W, pads_begin, pads_end, input_shape[2:]
         )
-    if _winograd(geo, shape, W.shape, group, dY.dtype):
+    if algo == "winograd":
         # dX of a 3x3 stride-1 pad-1 conv: the same conv of dY with W flipped, C <-> C_out
         flipped = np.ascontiguousarray(W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
-        return winograd.conv(dY, flipped).reshape(shape)
-    if _pointwise(geo, W.shape, group):
-        return conv_pointwise.conv_grad_input(dY, W, geo.strides, shape)
+        return winograd.conv(dY, flipped).reshape(input_shape)
+    if algo == "pointwise":
+        return conv_pointwise.conv_grad_input(dY, W, strides, input_shape)
     # dX is the transposed convolution of dY with the same W, pads and strides
-    y = _scatter(dY, W, group, geo.kernel, geo.strides, geo.dilations, geo.pads_begin, shape[2:])
-    return y.reshape(shape)
+    y = _scatter(dY, W, group, kernel_shape, strides, dilations, pads_begin, input_shape[2:])
+    return y.reshape(input_shape)
 
 
-def conv_grad_weight_cpu(
+@kernel("ConvGradInput", accepts=_accepts_grad, domain="dfdl")
+def conv_grad_input(
+    dY,
+    W,
+    *,
+    kernel_shape,
+    strides,
+    dilations,
+    pads_begin,
+    pads_end,
+    out_spatial,
+    group,
+    input_shape,
+):
+    """dfdl.ConvGradInput tile kernel (a Conv's dX): the first implementation of
+    :func:`algorithm` that applies to the forward geometry."""
+    geo = dict(
+        kernel_shape=kernel_shape,
+        strides=strides,
+        dilations=dilations,
+        pads_begin=pads_begin,
+        pads_end=pads_end,
+        out_spatial=out_spatial,
+        group=group,
+    )
+    algo = algorithm(input_shape, W.shape, dY.dtype, **geo)
+    return run_grad_input(algo, dY, W, **geo, input_shape=input_shape)
+
+
+def run_grad_weight(
+    algo: str,
     X,
     dY,
     *,
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
-    weight_shape=None,
-):
-    """dfdl.ConvGradWeight tile kernel (a Conv's dW): numba im2col + BLAS ``dY @ cols^T``."""
-    from dfdl.ops import conv as ops  # lazy: dfdl.ops.conv imports this module
+    kernel_shape,
+    strides,
+    dilations,
+    pads_begin,
+    pads_end,
+    out_spatial,
+    group,
+    weight_shape,
+) -> np.ndarray:
+    """A Conv's dW (of shape ``weight_shape``) from ``X`` and ``dY`` by the implementation
+    ``algo`` (see :func:`algorithm`), with the ConvGradWeight kernel's parameters.
 
-    attrs = _grad_attrs(auto_pad, dilations, kernel_shape, pads, strides)
-    if not _supported(X, dY, None):
-        return ops.ConvGradWeight(X, dY, group=group, weight_shape=weight_shape, **attrs)
-    wshape = tuple(int(v) for v in weight_shape)
-    geo = ops.conv_geometry(X.shape, wshape, **attrs)
-    if _direct(geo, X.shape, wshape, group, X.dtype):
+    Example:
+        >>> x, dy = np.ones((1, 2, 4, 4), np.float32), np.ones((1, 3, 2, 2), np.float32)
+        >>> run_grad_weight("im2col", x, dy, kernel_shape=(3, 3), strides=(1, 1),
+        ...                 dilations=(1, 1), pads_begin=(0, 0), pads_end=(0, 0),
+        ...                 out_spatial=(2, 2), group=1, weight_shape=(3, 2, 3, 3))[0, 0, 0]
+        array([4., 4., 4.], dtype=float32)
+    """
+    _check_algorithm(algo)
+    if algo == "direct":
         return conv_direct.conv_grad_weight(
             np.ascontiguousarray(X),
             np.ascontiguousarray(dY),
-            geo.pads_begin,
-            geo.pads_end,
-            geo.kernel,
+            pads_begin,
+            pads_end,
+            kernel_shape,
         )
-    if _winograd(geo, X.shape, wshape, group, X.dtype):
-        return winograd.conv_grad_weight(X, dY).reshape(wshape)
-    if _pointwise(geo, wshape, group):
-        return conv_pointwise.conv_grad_weight(X, dY, geo.strides, wshape)
+    if algo == "winograd":
+        return winograd.conv_grad_weight(X, dY).reshape(weight_shape)
+    if algo == "pointwise":
+        return conv_pointwise.conv_grad_weight(X, dY, strides, weight_shape)
     n, c = X.shape[:2]
-    m = wshape[0]
+    m = weight_shape[0]
     cg, mg = c // group, m // group
     x = np.ascontiguousarray(X).reshape((n, c, *_to3d(X.shape[2:], 1)))
-    k, s, d = _to3d(geo.kernel, 1), _to3d(geo.strides, 1), _to3d(geo.dilations, 1)
-    p = _to3d(geo.pads_begin, 0)
-    out_d, out_h, out_w = (int(v) for v in _to3d(geo.out, 1))
+    k, s, d = _to3d(kernel_shape, 1), _to3d(strides, 1), _to3d(dilations, 1)
+    p = _to3d(pads_begin, 0)
+    out_d, out_h, out_w = (int(v) for v in _to3d(out_spatial, 1))
     rows, npos = out_d * out_h, out_d * out_h * out_w
     kk = cg * int(np.prod(k))
     dy = np.ascontiguousarray(dY).reshape(n, m, npos)
     per = _cl_samples(npos, kk, cg, X.itemsize)
     if per:
         dw = _conv_grad_weight_cl(x, dy, group, per, (out_d, out_h, out_w), k, s, d, p)
-        return dw.reshape(wshape)
+        return dw.reshape(weight_shape)
     dw = np.zeros((group, mg, kk), X.dtype)
     blocks, width = _plan(n, rows, out_w, kk, X.itemsize)
     buf = np.empty(kk * width, X.dtype)  # one buffer, reused by every block
@@ -595,4 +649,33 @@ def conv_grad_weight_cpu(
             for i in range(n1 - n0):
                 dyb = dyg[n0 + i, :, r0 * out_w : r1 * out_w]
                 matmul(dyb, cols[:, i * step : (i + 1) * step].T, dw[g], accumulate=True)
-    return dw.reshape(wshape)
+    return dw.reshape(weight_shape)
+
+
+@kernel("ConvGradWeight", accepts=_accepts_grad, domain="dfdl")
+def conv_grad_weight(
+    X,
+    dY,
+    *,
+    kernel_shape,
+    strides,
+    dilations,
+    pads_begin,
+    pads_end,
+    out_spatial,
+    group,
+    weight_shape,
+):
+    """dfdl.ConvGradWeight tile kernel (a Conv's dW): the first implementation of
+    :func:`algorithm` that applies to the forward geometry."""
+    geo = dict(
+        kernel_shape=kernel_shape,
+        strides=strides,
+        dilations=dilations,
+        pads_begin=pads_begin,
+        pads_end=pads_end,
+        out_spatial=out_spatial,
+        group=group,
+    )
+    algo = algorithm(X.shape, weight_shape, X.dtype, **geo)
+    return run_grad_weight(algo, X, dY, **geo, weight_shape=weight_shape)

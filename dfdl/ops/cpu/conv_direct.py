@@ -2,37 +2,27 @@
 
 im2col copies every input value kh*kw*kd times and then runs a GEMM whose short side is
 the channel count; with 16-32 channels on large volumes (a 3-D U-Net's upper levels)
-both halves run far below the machine's rate. These kernels never build the columns.
+both halves run far below the machine's rate. These kernels never build the columns:
+the samples of a tile are zero-padded into one flat grid per input channel, on which
+every kernel tap is a constant flat offset. :func:`conv` keeps a register block of 16
+positions x one vector of output channels (:mod:`dfdl.ops.cpu.simd`) and broadcasts
+each input value into a fused multiply-add; :func:`conv_grad_weight` keeps the 27 (or
+9) tap gradients of one input channel in registers over a channels-last dY;
+:func:`conv_grad_input` runs the forward kernel on dY with the flipped, transposed
+kernel. :func:`applies` says which convolutions they take (:data:`MIN_CHANNELS`,
+:data:`MAX_CHANNEL_PRODUCT`, :data:`MAX_GRID_WASTE`, :data:`MIN_POSITIONS`).
 
-**Grid.** The samples of a tile are zero-padded into one flat grid per input channel,
-their padded volumes one after the other. On that grid every kernel tap is a constant
-flat offset, so the output at grid position ``q`` (a few border columns, rows and
-planes of the grid are computed and thrown away) is
-``y[m, q] = sum_{c, i, j, l} W[m, c, i, j, l] * x[c, q + i*plane + j*row + l]``.
+Guarantees: each forward (or input-gradient) output is summed in one fixed order
+(channels, then taps) from zero, whatever its position, its sample's place in the tile
+or the tiling, so its bits are the same however the image is cut into tiles. The grid
+and the channels-last dY are per-thread scratch memory (:mod:`dfdl.ops.cpu.scratch`).
 
-**Forward.** The register block is 16 consecutive positions x one vector of output
-channels (16 float32 or 8 float64, :mod:`dfdl.ops.cpu.simd`): 16 accumulators. For each
-input channel and tap, one weight vector is loaded and each position's input value is
-broadcast into a fused multiply-add (``vfmadd231ps (mem){1to16}``), as oneDNN's direct
-convolutions do. LLVM also reuses the broadcasts that the three taps of a kernel row
-share. At 16 channels on 64^3 that is 190-210 GFLOP/s for the loop alone on this
-machine's Xeon, against 106 for the previous kernel (vectors over positions, weights in
-registers, two output channels). The block is then transposed in registers (channel-
-major) and written to the output rows with masked stores, so border positions are
-skipped without a copy.
+Example:
+    >>> x = np.ones((1, 8, 4, 4), np.float32)
+    >>> float(conv(x, np.ones((8, 8, 3, 3), np.float32), [1, 1], [1, 1])[0, 0, 1, 1])
+    72.0
 
-**Weight gradient.** Vectors over output channels again: dY is laid out channels last
-on the grid, and for one input channel the 27 (or 9) tap gradients are 27 accumulators;
-each position loads one dY vector and broadcasts 27 input values.
-
-**Input gradient.** The input gradient of a stride-1 convolution is a convolution of dY
-with the flipped, transposed kernel, so it runs the forward kernel.
-
-The grid and the channels-last dY are per-thread scratch memory
-(:mod:`dfdl.ops.cpu.scratch`), filled by kernels that write every value once. Each
-forward (or input-gradient) output is summed in one fixed order (channels, then taps)
-from zero, whatever its position, its sample's place in the tile or the tiling, so its
-bits are the same however the image is cut into tiles.
+Measurements: ``docs/design/conv-direct.md``.
 """
 
 from __future__ import annotations
@@ -62,8 +52,8 @@ MAX_CHANNEL_PRODUCT = 4096
 #: largest ratio of padded-grid positions to output positions (wasted border work;
 #: 16^3 volumes, 18^3 on the grid, are in; 8x8 images, 10x10 on the grid, are out)
 MAX_GRID_WASTE = 1.5
-#: fewest output positions per sample (ResNet's 16x16 images on these kernels: 1.06
-#: against 1.08 s per step, measured with bench/ab.py; not worth a new routing)
+#: fewest output positions per sample (smaller images, ResNet's 16x16, gained nothing
+#: measurable on these kernels: ``docs/design/conv-direct.md``)
 MIN_POSITIONS = 1024
 #: output positions per block of the weight-gradient kernel (its x and dY stay in L2)
 DW_BLOCK = 4096

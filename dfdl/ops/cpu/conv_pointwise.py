@@ -2,17 +2,19 @@
 one matrix product, for the forward and both gradients.
 
 A 1x1 kernel reads one input position per output position, so the convolution is
-``y[n] = W @ x[n][:, ::s]`` (positions flattened), with no im2col buffer. The strided
-1x1 shortcuts of a ResNet went through the channels-last im2col path before; one
-thread with the workers' malloc settings, a 64-sample tile, fwd/dW/dX: 64 -> 128
-channels at 16x16, stride 2, 1.51/1.53/2.03 -> 0.69/0.96/0.83 ms; 128 -> 256 channels
-at 8x8, 0.93/0.95/0.98 -> 0.60/0.70/0.70 ms.
+``y[n] = W @ x[n][:, ::s]`` (positions flattened), with no im2col buffer: :func:`conv`,
+:func:`conv_grad_weight` (one product over all samples' positions) and
+:func:`conv_grad_input` (``W^T @ dY`` placed at the sampled positions, zeros elsewhere).
+:func:`applies` says which convolutions they take; :mod:`dfdl.ops.cpu.conv` picks them
+for a ResNet's shortcuts. Products go through :func:`dfdl.ops.cpu.blas.matmul`.
 
 Example:
     >>> x = np.ones((2, 3, 4, 4), np.float32)
     >>> w = np.ones((5, 3, 1, 1), np.float32)
     >>> conv(x, w, (2, 2)).shape
     (2, 5, 2, 2)
+
+Measurements: ``docs/design/conv-pointwise.md``.
 """
 
 from __future__ import annotations

@@ -1,61 +1,100 @@
 """numba kernels for elementwise ops on float32/float64 tiles.
 
-Each public wrapper has exactly the signature of its numpy forward in
-``dfdl.ops.elementwise``; it runs a flat loop kernel for float32/float64 inputs (and
-same-shape, same-dtype operands for binary ops) and falls back to the numpy forward
-otherwise (integer dtypes, float16, broadcasting).
+Each kernel registers itself for its op (:func:`dfdl.ops.registry.kernel`) and runs one
+flat loop over float32/float64 tiles. Its ``accepts`` predicate leaves every other tile
+(integer dtypes, float16, operands of a binary op that broadcast or differ in dtype) to
+the op's numpy forward. Ops with attributes hand their kernels resolved parameters
+through their ``params`` rules in :mod:`dfdl.ops.elementwise`: ``alpha`` as a float,
+``tanh`` for Gelu's approximation, ClipGrad's bounds ``lo`` and ``hi``. The fused
+activation gradients (``dfdl.ReluGrad``, ``SigmoidGrad``, ``TanhGrad``, ``GeluGrad``,
+``ClipGrad``) run one loop over ``dY`` and the saved tensor.
 
-The fused activation gradients (``dfdl.ReluGrad``, ``SigmoidGrad``, ``TanhGrad``,
-``GeluGrad``, ``ClipGrad``) run one loop over ``dY`` and the saved tensor.
-
-float32 GELU (forward and gradient, ``approximate="none"``) runs on the vectorizable
-``exp``/``erfc`` of :mod:`dfdl.ops.cpu.gelu_f32`: 5-6x faster than libm calls per element,
-within 2e-6 relative or 1e-6 absolute of float64 libm; float64 keeps libm's ``erfc``.
-
-Exp, Log and Tanh have no kernel on purpose: numpy's SIMD ufuncs beat a numba loop over
-libm calls 5-20x on float32 (measured here), so their numpy forward is the CPU kernel.
+Guarantees: every value depends on its own inputs only, so results do not depend on
+the tiling. float32 GELU (forward and gradient, ``approximate="none"``) runs on the
+vectorizable ``exp``/``erfc`` of :mod:`dfdl.ops.cpu.gelu_f32`, within 2e-6 relative or
+1e-6 absolute of float64 libm; float64 keeps libm's ``erfc``. Exp, Log and Tanh have
+no kernel on purpose: numpy's SIMD ufuncs are faster, so their numpy forward is the
+CPU kernel.
 
 Example:
     >>> relu(np.array([-1.0, 2.0], np.float32))
     array([0., 2.], dtype=float32)
+
+Measurements: ``docs/design/gelu-f32.md``.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import numba
 import numpy as np
 
 from dfdl.ops.cpu import gelu_f32
+from dfdl.ops.registry import kernel
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_APPROXIMATIONS = ("none", "tanh")
 
 # error_model="numpy": x / 0 gives inf/nan like numpy instead of raising
 _jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 
 
-def _numpy(name: str):
-    """The numpy forward ``name`` (imported late: that module imports this one)."""
-    from dfdl.ops import elementwise
-
-    return getattr(elementwise, name)
+# ------------------------------------------------------- what the kernels take, and how
 
 
 def _is_float(*xs) -> bool:
     return all(isinstance(x, np.ndarray) and x.dtype in _FLOATS for x in xs)
 
 
-def _map(kernel, X: np.ndarray, *args) -> np.ndarray:
-    """Run the flat loop ``kernel(x, out, *args)`` over X viewed as 1-D."""
+def floats(X, **attrs) -> bool:
+    """Whether a one-input kernel takes ``X``: a float32 or float64 array.
+
+    Example:
+        >>> floats(np.ones(2, np.float32)), floats(np.ones(2, np.float16))
+        (True, False)
+    """
+    return _is_float(X)
+
+
+def same_floats(A, B, *bounds, **attrs) -> bool:
+    """Whether a two-tensor kernel takes ``A`` and ``B``: float32 or float64 arrays of one
+    shape and dtype (ClipGrad's scalar bounds are not looked at).
+
+    Example:
+        >>> a = np.ones((2, 3), np.float32)
+        >>> same_floats(a, a), same_floats(a, a[:1])
+        (True, False)
+    """
+    return _is_float(A, B) and A.shape == B.shape and A.dtype == B.dtype
+
+
+def _gelu_accepts(X, *, approximate="none") -> bool:
+    return _is_float(X) and approximate in _APPROXIMATIONS
+
+
+def _gelu_grad_accepts(dY, X, *, approximate="none") -> bool:
+    return approximate in _APPROXIMATIONS and same_floats(dY, X)
+
+
+def _map(loop, X: np.ndarray, *args) -> np.ndarray:
+    """Run the flat loop ``loop(x, out, *args)`` over X viewed as 1-D."""
     x = np.ascontiguousarray(X).reshape(-1)
     out = np.empty_like(x)
-    kernel(x, out, *args)
+    loop(x, out, *args)
     return out.reshape(X.shape)
+
+
+def _map2(loop, A: np.ndarray, B: np.ndarray, *args) -> np.ndarray:
+    """Run the flat loop ``loop(a, b, out, *args)`` over same-shape A and B viewed as 1-D."""
+    a = np.ascontiguousarray(A).reshape(-1)
+    b = np.ascontiguousarray(B).reshape(-1)
+    out = np.empty_like(a)
+    loop(a, b, out, *args)
+    return out.reshape(A.shape)
 
 
 # ---------------------------------------------------------------------------- unary loops
@@ -145,74 +184,69 @@ def _div(a, b, out):
         out[i] = a[i] / b[i]
 
 
-def _binary(kernel, name: str, A, B) -> np.ndarray:
-    """Same-shape, same-dtype float operands run ``kernel``; others the numpy forward."""
-    if not (_is_float(A, B) and A.shape == B.shape and A.dtype == B.dtype):
-        return _numpy(name)(A, B)
-    a = np.ascontiguousarray(A).reshape(-1)
-    b = np.ascontiguousarray(B).reshape(-1)
-    out = np.empty_like(a)
-    kernel(a, b, out)
-    return out.reshape(A.shape)
+# ------------------------------------------------------------------------ forward kernels
 
 
-# ------------------------------------------------------------------ wrappers (forward API)
-
-
+@kernel("Add", accepts=same_floats)
 def add(A, B):
-    """Add kernel."""
-    return _binary(_add, "Add", A, B)
+    """A + B."""
+    return _map2(_add, A, B)
 
 
+@kernel("Sub", accepts=same_floats)
 def sub(A, B):
-    """Sub kernel."""
-    return _binary(_sub, "Sub", A, B)
+    """A - B."""
+    return _map2(_sub, A, B)
 
 
+@kernel("Mul", accepts=same_floats)
 def mul(A, B):
-    """Mul kernel."""
-    return _binary(_mul, "Mul", A, B)
+    """A * B."""
+    return _map2(_mul, A, B)
 
 
+@kernel("Div", accepts=same_floats)
 def div(A, B):
-    """Div kernel (float operands only; integer division falls back)."""
-    return _binary(_div, "Div", A, B)
+    """A / B (float operands only: integer division is the forward's)."""
+    return _map2(_div, A, B)
 
 
+@kernel("Relu", accepts=floats)
 def relu(X):
-    """Relu kernel."""
-    return _map(_relu, X) if _is_float(X) else _numpy("Relu")(X)
+    """max(X, 0)."""
+    return _map(_relu, X)
 
 
-def leaky_relu(X, *, alpha=0.01):
-    """LeakyRelu kernel; alpha is rounded to X's dtype, as in the numpy forward."""
-    if not _is_float(X):
-        return _numpy("LeakyRelu")(X, alpha=alpha)
+@kernel("LeakyRelu", accepts=floats)
+def leaky_relu(X, *, alpha: float):
+    """X, or alpha * X below 0; alpha is rounded to X's dtype, as in the numpy forward."""
     return _map(_leaky_relu, X, X.dtype.type(alpha))
 
 
+@kernel("Sigmoid", accepts=floats)
 def sigmoid(X):
-    """Sigmoid kernel."""
-    return _map(_sigmoid, X) if _is_float(X) else _numpy("Sigmoid")(X)
+    """1 / (1 + exp(-X))."""
+    return _map(_sigmoid, X)
 
 
-def gelu(X, *, approximate="none"):
-    """Gelu kernel for both approximations."""
-    if not _is_float(X) or approximate not in ("none", "tanh"):
-        return _numpy("Gelu")(X, approximate=approximate)
-    if approximate == "tanh":
+@kernel("Gelu", accepts=_gelu_accepts)
+def gelu(X, *, tanh: bool):
+    """x * Phi(x), with the tanh approximation when ``tanh``."""
+    if tanh:
         return _map(_gelu_tanh, X)
     return _map(gelu_f32.gelu if X.dtype == np.float32 else _gelu_erf, X)
 
 
+@kernel("Erf", accepts=floats)
 def erf(input):
-    """Erf kernel."""
-    return _map(_erf, input) if _is_float(input) else _numpy("Erf")(input)
+    """The Gauss error function."""
+    return _map(_erf, input)
 
 
+@kernel("Sqrt", accepts=floats)
 def sqrt(X):
-    """Sqrt kernel."""
-    return _map(_sqrt, X) if _is_float(X) else _numpy("Sqrt")(X)
+    """Square root."""
+    return _map(_sqrt, X)
 
 
 # ------------------------------------------------------------- backward (dfdl.*Grad) loops
@@ -270,55 +304,41 @@ def _clip_grad(dy, x, out, lo, hi):
         out[i] = dy[i] if (v >= lo and v <= hi) else 0.0
 
 
-def _map2(kernel, fallback, dy, x, *args) -> np.ndarray:
-    """Run ``kernel(dy, x, out, *args)`` on same-shape, same-dtype float tiles; other
-    operands go to ``fallback()`` (the numpy forward)."""
-    if not (_is_float(dy, x) and dy.shape == x.shape and dy.dtype == x.dtype):
-        return fallback()
-    a = np.ascontiguousarray(dy).reshape(-1)
-    b = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty_like(a)
-    kernel(a, b, out, *args)
-    return out.reshape(dy.shape)
+# ----------------------------------------------------------------------- backward kernels
 
 
-def relu_grad(dY, X, *, alpha=0.0):
-    """dfdl.ReluGrad kernel."""
-    fallback = partial(_numpy("ReluGrad"), dY, X, alpha=alpha)
-    if not _is_float(X):
-        return fallback()
-    return _map2(_relu_grad, fallback, dY, X, X.dtype.type(alpha))
+@kernel("ReluGrad", accepts=same_floats, domain="dfdl")
+def relu_grad(dY, X, *, alpha: float):
+    """dY where X > 0, else alpha * dY (alpha rounded to X's dtype)."""
+    return _map2(_relu_grad, dY, X, X.dtype.type(alpha))
 
 
+@kernel("SigmoidGrad", accepts=same_floats, domain="dfdl")
 def sigmoid_grad(dY, Y):
-    """dfdl.SigmoidGrad kernel."""
-    return _map2(_sigmoid_grad, partial(_numpy("SigmoidGrad"), dY, Y), dY, Y)
+    """dY * Y * (1 - Y)."""
+    return _map2(_sigmoid_grad, dY, Y)
 
 
+@kernel("TanhGrad", accepts=same_floats, domain="dfdl")
 def tanh_grad(dY, Y):
-    """dfdl.TanhGrad kernel."""
-    return _map2(_tanh_grad, partial(_numpy("TanhGrad"), dY, Y), dY, Y)
+    """dY * (1 - Y**2)."""
+    return _map2(_tanh_grad, dY, Y)
 
 
-def gelu_grad(dY, X, *, approximate="none"):
-    """dfdl.GeluGrad kernel for both approximations."""
-    fallback = partial(_numpy("GeluGrad"), dY, X, approximate=approximate)
-    if approximate not in ("none", "tanh"):
-        return fallback()
-    if approximate == "tanh":
-        kernel = _gelu_grad_tanh
-    elif isinstance(X, np.ndarray) and X.dtype == np.float32:  # _map2 checks dY
-        kernel = gelu_f32.gelu_grad
+@kernel("GeluGrad", accepts=_gelu_grad_accepts, domain="dfdl")
+def gelu_grad(dY, X, *, tanh: bool):
+    """dY * d Gelu(X) / dX, with the tanh approximation when ``tanh``."""
+    if tanh:
+        loop = _gelu_grad_tanh
+    elif X.dtype == np.float32:
+        loop = gelu_f32.gelu_grad
     else:
-        kernel = _gelu_grad_erf
-    return _map2(kernel, fallback, dY, X)
+        loop = _gelu_grad_erf
+    return _map2(loop, dY, X)
 
 
-def clip_grad(dY, X, min=None, max=None):
-    """dfdl.ClipGrad kernel (an absent bound is no bound)."""
-    fallback = partial(_numpy("ClipGrad"), dY, X, min, max)
-    if not _is_float(X):
-        return fallback()
-    lo = -np.inf if min is None else np.asarray(min).reshape(())
-    hi = np.inf if max is None else np.asarray(max).reshape(())
-    return _map2(_clip_grad, fallback, dY, X, X.dtype.type(lo), X.dtype.type(hi))
+@kernel("ClipGrad", accepts=same_floats, domain="dfdl")
+def clip_grad(dY, X, min=None, max=None, *, lo: float, hi: float):
+    """dY where lo <= X <= hi, else 0 (the bounds rounded to X's dtype; ``min`` and
+    ``max``, the op's inputs, are already resolved into them)."""
+    return _map2(_clip_grad, dY, X, X.dtype.type(lo), X.dtype.type(hi))

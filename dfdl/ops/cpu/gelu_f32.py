@@ -2,36 +2,27 @@
 vectorize inside numba loops.
 
 numba here has no SVML, so a loop that calls ``math.exp`` or ``math.erfc`` makes one
-scalar libm call per element (GeluGrad measured 33-47 ns per element that way; these
-kernels 6-8). The pieces are arithmetic only, so a loop over them compiles to
-AVX-512/AVX2 code:
+scalar libm call per element. The pieces here are arithmetic only, so a loop over them
+compiles to AVX-512/AVX2 code: :func:`exp_parts` splits ``exp(a)`` into a polynomial on
+``[-ln2/2, ln2/2]`` and ``2**k``, built from its float32 bit pattern by
+:func:`float_from_bits` (an LLVM bitcast: numba itself cannot reinterpret a scalar's
+bits); :func:`erfc_exp_arg` gives ``t`` and ``b`` with ``erfc(a) = t * exp(b)`` for
+``a >= 0`` (the Chebyshev fit of Press et al., Numerical Recipes 6.2, fractional error
+below 1.2e-7). :func:`gelu` and :func:`gelu_grad` ask LLVM for 512-bit vectors
+(:mod:`dfdl.ops.cpu.vector_width`).
 
-* :func:`exp_parts` splits ``exp(a)`` into a polynomial on ``[-ln2/2, ln2/2]`` and
-  ``2**k``, built from its float32 bit pattern by :func:`float_from_bits` (an LLVM
-  bitcast: numba itself cannot reinterpret a scalar's bits). Before it, the kernels
-  stored the patterns in an int32 scratch array and read them back through a float32
-  view in a second loop per 512 elements: one loop instead measured 10.95 -> 7.94 ms
-  (GELU) and 16.5 -> 12.0 ms (its gradient) for 4M elements on one thread, with the
-  same bits.
-* Both kernels ask LLVM for 512-bit vectors (:mod:`dfdl.ops.cpu.vector_width`): on
-  this machine's AVX-512 Xeon, 12.4 -> 10.8 ms (GELU) and 17.6 -> 16.1 ms (its
-  gradient) for 4M elements on one thread, in the two-loop version.
-* :func:`erfc_exp_arg` gives ``t`` and ``b`` with ``erfc(a) = t * exp(b)`` for ``a >= 0``:
-  the Chebyshev fit of Press et al., Numerical Recipes 6.2, fractional error below
-  1.2e-7 over the whole range.
-
-Below :data:`EXP_MIN`, :func:`exp_parts` gives exactly 0 (float32 has no normal numbers
-there), so ``x * exp(-x * x)`` is 0, not ``x`` times a tiny number, for huge ``x``. NaN
-passes through: the polynomial of NaN is NaN. Against float64 libm, :func:`gelu` and
-:func:`gelu_grad` are within 2e-6 relative or 1e-6 absolute (``tests/ops/cpu``).
-
-The helpers and the kernels share this module on purpose: numba's cache is invalidated
-by the source file of the cached function, not by the files of functions it inlines.
+Guarantees: against float64 libm, :func:`gelu` and :func:`gelu_grad` are within 2e-6
+relative or 1e-6 absolute (``tests/ops/cpu``). Below :data:`EXP_MIN`, :func:`exp_parts`
+gives exactly 0, so ``x * exp(-x * x)`` is 0 for huge ``x``; NaN passes through. The
+helpers and the kernels share this module on purpose: numba's cache is invalidated by
+the source file of the cached function, not by the files of functions it inlines.
 
 Example:
     >>> x = np.array([-1.0, 0.0, 2.0], np.float32); out = np.empty_like(x)
     >>> gelu(x, out); out.round(4)
     array([-0.1587,  0.    ,  1.9545], dtype=float32)
+
+Measurements: ``docs/design/gelu-f32.md``, ``wide-vectors.md``.
 """
 
 from __future__ import annotations

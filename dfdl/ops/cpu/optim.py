@@ -1,15 +1,17 @@
 """numba kernels for the fused optimizer updates (``dfdl.SGDUpdate``, ``dfdl.AdamUpdate``).
 
 One loop per tile reads param, grad and state once and writes the new values, instead of
-the 6-10 full passes of the numpy forward. The wrappers take exactly the forward's
-signature; every scalar is cast to the parameter's dtype on the host first (as torch
-casts its Python-float hyperparameters), so the loop does the forward's operations in
-the same order and dtype, giving bit-identical results. Other dtypes (float16) fall back
-to the numpy forward.
+the 6-10 full passes of the numpy forward. The kernels take the forward's inputs and the
+hyperparameters resolved by the op's params rule (:func:`dfdl.ops.optim.sgd_params`,
+:func:`dfdl.ops.optim.adam_params`); every scalar is cast to the parameter's dtype on the
+host first (as torch casts its Python-float hyperparameters), so the loop does the
+forward's operations in the same order and dtype, giving bit-identical results. Other
+dtypes (float16) take the numpy forward.
 
 Example:
     >>> p = np.ones(3, np.float32); g = np.full(3, 0.5, np.float32)
-    >>> sgd_update(p, g, np.float32(0.1))
+    >>> sgd_update(p, g, np.float32(0.1), momentum=0.0, dampening=0.0, nesterov=False,
+    ...            weight_decay=0.0)
     array([0.95, 0.95, 0.95], dtype=float32)
 """
 
@@ -18,17 +20,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from dfdl.ops.registry import DFDL_DOMAIN, kernel, lookup
+
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 # error_model="numpy": x / 0 gives inf/nan like numpy instead of raising
 _jit = numba.njit(cache=True, nogil=True, error_model="numpy")
-
-
-def _forward(name: str):
-    """The numpy forward ``name`` (imported late: that module imports this one)."""
-    from dfdl.ops import optim
-
-    return getattr(optim, name)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
@@ -62,6 +59,12 @@ def _sgd(p, g, buf, out_p, out_buf, neg_lr, wd, mom, damp_c, use_wd, use_mom, ne
         out_p[i] = p[i] + neg_lr * gi
 
 
+def _accepts_sgd(param, grad, lr, momentum_buffer=None, first=None, *, momentum=0.0, **attrs):
+    tensors = [param, grad] + ([momentum_buffer] if momentum != 0 else [])
+    return _same_float(*tensors)
+
+
+@kernel("SGDUpdate", accepts=_accepts_sgd, domain=DFDL_DOMAIN)
 def sgd_update(
     param,
     grad,
@@ -69,25 +72,12 @@ def sgd_update(
     momentum_buffer=None,
     first=None,
     *,
-    momentum=0.0,
-    dampening=0.0,
-    nesterov=0,
-    weight_decay=0.0,
+    momentum,
+    dampening,
+    nesterov,
+    weight_decay,
 ):
-    """numba version of :func:`dfdl.ops.optim.SGDUpdate` (same signature and results)."""
-    tensors = [param, grad] + ([momentum_buffer] if momentum != 0 else [])
-    if not _same_float(*tensors):
-        return _forward("SGDUpdate")(
-            param,
-            grad,
-            lr,
-            momentum_buffer,
-            first,
-            momentum=momentum,
-            dampening=dampening,
-            nesterov=nesterov,
-            weight_decay=weight_decay,
-        )
+    """numba :func:`dfdl.ops.optim.SGDUpdate` (same results, bit for bit)."""
     dt = param.dtype.type
     p, g = _flat(param), _flat(grad)
     use_mom = momentum != 0
@@ -106,7 +96,7 @@ def sgd_update(
         dt(1.0 - dampening),
         weight_decay != 0,
         use_mom,
-        bool(nesterov),
+        nesterov,
         use_mom and float(first) != 0,
     )
     new = out_p.reshape(param.shape)
@@ -140,6 +130,11 @@ def _adam(p, g, m, v, out_p, out_m, out_v, decay, use_decay, wd, use_wd, w1, one
         out_v[i] = vi
 
 
+def _accepts_adam(param, grad, exp_avg, exp_avg_sq, *rest, **attrs):
+    return _same_float(param, grad, exp_avg, exp_avg_sq)
+
+
+@kernel("AdamUpdate", accepts=_accepts_adam, domain=DFDL_DOMAIN)
 def adam_update(
     param,
     grad,
@@ -149,26 +144,12 @@ def adam_update(
     bias_correction2_sqrt,
     decay=None,
     *,
-    beta1=0.9,
-    beta2=0.999,
-    eps=1e-8,
-    weight_decay=0.0,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
 ):
-    """numba version of :func:`dfdl.ops.optim.AdamUpdate` (same signature and results)."""
-    if not _same_float(param, grad, exp_avg, exp_avg_sq):
-        return _forward("AdamUpdate")(
-            param,
-            grad,
-            exp_avg,
-            exp_avg_sq,
-            step_size,
-            bias_correction2_sqrt,
-            decay,
-            beta1=beta1,
-            beta2=beta2,
-            eps=eps,
-            weight_decay=weight_decay,
-        )
+    """numba :func:`dfdl.ops.optim.AdamUpdate` (same results, bit for bit)."""
     dt = param.dtype.type
     p = _flat(param)
     outs = [np.empty_like(p) for _ in range(3)]
@@ -193,20 +174,21 @@ def adam_update(
     return tuple(o.reshape(param.shape) for o in outs)
 
 
-def update_group(*inputs, update, layout, arity, n_shared, **attrs):
-    """numba version of :func:`dfdl.ops.optim.UpdateGroup`: each member runs its update
-    op's CPU kernel (same results as the members' own tasks, bit for bit).
+@kernel("UpdateGroup", domain=DFDL_DOMAIN)
+def update_group(*inputs, update, members, member_attrs):
+    """:func:`dfdl.ops.optim.UpdateGroup` on the CPU: each member (its inputs at the
+    positions ``members`` gives) runs its update op's CPU tile function, so the results
+    are the members' own tasks', bit for bit.
 
     Example:
         >>> p = np.ones(2, np.float32); g = np.full(2, 0.5, np.float32)
-        >>> update_group(np.float32(0.1), p, g, update="SGDUpdate", layout=[0, 1, -1],
-        ...              arity=2, n_shared=1)[0]
+        >>> update_group(np.float32(0.1), p, g, update="SGDUpdate", members=[[1, 2, 0]],
+        ...              member_attrs={})[0]
         array([0.95, 0.95], dtype=float32)
     """
-    from dfdl.ops import optim
-    from dfdl.ops.registry import DFDL_DOMAIN, lookup
-
-    def kernel(name: str):
-        return lookup(name, DFDL_DOMAIN).kernel("cpu")
-
-    return optim.run_group(kernel, inputs, update, layout, arity, n_shared, attrs)
+    fn = lookup(update, DFDL_DOMAIN).kernel("cpu")
+    out: list = []
+    for positions in members:
+        r = fn(*(inputs[i] for i in positions), **member_attrs)
+        out += list(r) if isinstance(r, tuple) else [r]
+    return tuple(out)

@@ -2,7 +2,19 @@
 
 Every input is viewed as ``(N*C, D, H, W)``: lower ranks get leading singleton spatial
 axes (kernel 1, stride 1, no padding), which leaves row-major and column-major flat
-offsets unchanged. MaxPool computes ``Y`` and the argmax offsets in the same pass.
+offsets unchanged. MaxPool computes ``Y`` and the argmax offsets in the same pass; 2-D
+max pools, and windows two wide with stride = kernel (2x2, 2x2x2), have kernels of
+their own. The kernels receive the resolved window geometry of
+:func:`dfdl.ops.pool.pool_params`. A max pool's ties go to the first maximum in scan
+order, in ``Y``'s Indices and in the gradient alike.
+
+Example:
+    >>> x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    >>> max_pool(x, kernel_shape=(2, 2), strides=(2, 2), dilations=(1, 1),
+    ...          pads_begin=(0, 0), pads_end=(0, 0), out_spatial=(1, 1), storage_order=0)
+    (array([[[[3.]]]], dtype=float32), array([[[[3]]]]))
+
+Measurements: ``docs/design/max-pool-pairs.md``.
 """
 
 from __future__ import annotations
@@ -10,7 +22,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from dfdl.ops import pool as ref
+from dfdl.ops.halo import crop_slab
+from dfdl.ops.registry import kernel
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -104,8 +117,7 @@ def _count_until(start, k, d, end):
 
 # The 2-D max kernels below scan exactly as _pool_kernel and _pool_grad_kernel do, on
 # flat views with unsigned offsets: no per-access bounds or wraparound checks, and no
-# depth loop. A ResNet stem pool (3x3, stride 2, pad 1, 64x64x32x32 float32) measured
-# 18.8 -> 10.6 ms forward and 35.9 -> 10.6 ms backward on one thread.
+# depth loop (docs/design/max-pool-pairs.md).
 
 
 @numba.njit(inline="always")
@@ -183,9 +195,7 @@ def _max_pool_grad_2d(dy, x, dx, k, s, d, pb):
 # Windows that tile the input, two wide: 2x2 and 2x2x2 pools with stride = kernel, the
 # pooling of nearly every CNN. The width is a constant, so the taps of a window unroll
 # into straight-line code; the gradient zeroes the windows' rows as contiguous runs,
-# then writes each window's value. One thread, the workers' malloc settings: a ResNet stem tile
-# (64x64x32x32 float32) measured 8.3 -> 4.5 ms forward and 8.1 -> 4.8 ms backward; a
-# U-Net tile (1x16x64x64x64, 2x2x2) 11.0 -> 3.1 ms and 20.7 -> 3.5 ms.
+# then writes each window's value (docs/design/max-pool-pairs.md).
 
 
 @numba.njit(inline="always")
@@ -273,84 +283,55 @@ def _as3(vals, fill):
     return np.array((fill,) * (3 - len(vals)) + tuple(vals), np.int64)
 
 
-def _run(X, g: ref.PoolGeometry, is_max, include_pad=0, storage_order=0):
+def _windows(kernel_shape, strides, dilations, pads_begin, pads_end) -> tuple:
+    """``(k, s, d, pb, pe)``: the window geometry padded to 3 spatial axes."""
+    return (
+        _as3(kernel_shape, 1),
+        _as3(strides, 1),
+        _as3(dilations, 1),
+        _as3(pads_begin, 0),
+        _as3(pads_end, 0),
+    )
+
+
+def _run(X, out_spatial, windows, is_max, include_pad=False, storage_order=0):
     N, C, *sp = X.shape
     x = np.ascontiguousarray(X).reshape((N * C,) + (1,) * (3 - len(sp)) + tuple(sp))
-    out3 = (1,) * (3 - len(sp)) + g.out
+    out3 = (1,) * (3 - len(sp)) + tuple(out_spatial)
     y = np.empty((N * C, *out3), X.dtype)
     idx = np.empty((N * C, *out3) if is_max else (1, 1, 1, 1), np.int64)
-    k, s, d = _as3(g.kernel, 1), _as3(g.strides, 1), _as3(g.dilations, 1)
-    pb, pe = _as3(g.pads_begin, 0), _as3(g.pads_end, 0)
+    k, s, d, pb, pe = windows
     if is_max and storage_order == 0 and _pairs(x.shape[1:], k, s, d, pb, out3):
         _max_pool_pairs(x, y, idx, k[0], k[1])
     elif is_max and _flat_depth(x, k, pb):
         _max_pool_2d(x, y, idx, k, s, d, pb, storage_order == 1)
     else:
         _pool_kernel(x, y, idx, k, s, d, pb, pe, is_max, bool(include_pad), storage_order == 1)
-    shape = (N, C, *g.out)
+    shape = (N, C, *out_spatial)
     return (y.reshape(shape), idx.reshape(shape)) if is_max else y.reshape(shape)
 
 
-def _supported(X) -> bool:
+def _supported(X, **attrs) -> bool:
+    """Whether the kernels take ``X``: float32 or float64, 1-D to 3-D pooling."""
     return X.dtype in _KERNEL_DTYPES and 3 <= X.ndim <= 5
 
 
-def MaxPool(
-    X,
-    *,
-    auto_pad="NOTSET",
-    ceil_mode=0,
-    dilations=None,
-    kernel_shape=None,
-    pads=None,
-    storage_order=0,
-    strides=None,
+@kernel("MaxPool", accepts=_supported)
+def max_pool(
+    X, *, kernel_shape, strides, dilations, pads_begin, pads_end, out_spatial, storage_order
 ):
-    """numba MaxPool (Y and Indices); numpy forward for other dtypes/ranks."""
-    attrs = dict(
-        auto_pad=auto_pad,
-        ceil_mode=ceil_mode,
-        dilations=dilations,
-        kernel_shape=kernel_shape,
-        pads=pads,
-        storage_order=storage_order,
-        strides=strides,
-    )
-    if not _supported(X):
-        return ref.MaxPool(X, **attrs)
-    g = ref.pool_geometry(
-        "MaxPool", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
-    )
-    return _run(X, g, True, storage_order=storage_order)
+    """numba MaxPool: Y and Indices (row-major, or column-major for ``storage_order`` 1)."""
+    windows = _windows(kernel_shape, strides, dilations, pads_begin, pads_end)
+    return _run(X, out_spatial, windows, True, storage_order=storage_order)
 
 
-def AveragePool(
-    X,
-    *,
-    auto_pad="NOTSET",
-    ceil_mode=0,
-    count_include_pad=0,
-    dilations=None,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
+@kernel("AveragePool", accepts=_supported)
+def average_pool(
+    X, *, kernel_shape, strides, dilations, pads_begin, pads_end, out_spatial, count_include_pad
 ):
-    """numba AveragePool; numpy forward for other dtypes/ranks."""
-    if not _supported(X):
-        return ref.AveragePool(
-            X,
-            auto_pad=auto_pad,
-            ceil_mode=ceil_mode,
-            count_include_pad=count_include_pad,
-            dilations=dilations,
-            kernel_shape=kernel_shape,
-            pads=pads,
-            strides=strides,
-        )
-    g = ref.pool_geometry(
-        "AveragePool", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
-    )
-    return _run(X, g, False, include_pad=count_include_pad)
+    """numba AveragePool."""
+    windows = _windows(kernel_shape, strides, dilations, pads_begin, pads_end)
+    return _run(X, out_spatial, windows, False, include_pad=count_include_pad)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -406,13 +387,12 @@ def _pool_grad_kernel(dy, x, dx, k, s, d, pb, pe, is_max, include_pad):
                                     dx[b, z, h, w0 + tw * d[2]] += share
 
 
-def _run_grad(dY, X, shape, g: ref.PoolGeometry, is_max, include_pad=0):
+def _run_grad(dY, X, shape, out_spatial, windows, is_max, include_pad=False):
     """Run the grad kernel on ``(N*C, D, H, W)`` views; ``X`` is only read for max."""
     N, C, *sp = shape
     ones = (1,) * (3 - len(sp))
-    dy = np.ascontiguousarray(dY).reshape((N * C, *ones, *g.out))
-    k, s, d = _as3(g.kernel, 1), _as3(g.strides, 1), _as3(g.dilations, 1)
-    pb, pe = _as3(g.pads_begin, 0), _as3(g.pads_end, 0)
+    dy = np.ascontiguousarray(dY).reshape((N * C, *ones, *out_spatial))
+    k, s, d, pb, pe = windows
     x4 = (N * C, *ones, *sp)
     if is_max and _pairs(x4[1:], k, s, d, pb, dy.shape[1:]):
         covered = all(o * kk == n for o, kk, n in zip(dy.shape[1:], k, x4[1:], strict=True))
@@ -428,64 +408,34 @@ def _run_grad(dY, X, shape, g: ref.PoolGeometry, is_max, include_pad=0):
     return dx.reshape(tuple(shape))
 
 
-def MaxPoolGrad(
-    dY,
-    X,
-    *,
-    auto_pad="NOTSET",
-    ceil_mode=0,
-    dilations=None,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
-    dfdl_crop=None,
-):
-    """numba dfdl.MaxPoolGrad; the numpy forward for other dtypes/ranks."""
-    attrs = dict(
-        auto_pad=auto_pad,
-        ceil_mode=ceil_mode,
-        dilations=dilations,
-        kernel_shape=kernel_shape,
-        pads=pads,
-        strides=strides,
-        dfdl_crop=dfdl_crop,
-    )
-    if not (_supported(X) and dY.dtype == X.dtype):
-        return ref.MaxPoolGrad(dY, X, **attrs)
-    g = ref.pool_geometry(
-        "MaxPoolGrad", X.shape[2:], kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
-    )
-    return ref.crop_slab(_run_grad(dY, X, X.shape, g, True), dfdl_crop)
+def _accepts_max_grad(dY, X, **attrs) -> bool:
+    return _supported(X) and dY.dtype == X.dtype
 
 
-def AveragePoolGrad(
+@kernel("MaxPoolGrad", accepts=_accepts_max_grad, domain="dfdl")
+def max_pool_grad(
+    dY, X, *, kernel_shape, strides, dilations, pads_begin, pads_end, out_spatial, crop
+):
+    """numba dfdl.MaxPoolGrad, cut to the tile's slab ``crop`` (None: all of dX)."""
+    windows = _windows(kernel_shape, strides, dilations, pads_begin, pads_end)
+    return crop_slab(_run_grad(dY, X, X.shape, out_spatial, windows, True), crop)
+
+
+@kernel("AveragePoolGrad", accepts=_supported, domain="dfdl")
+def average_pool_grad(
     dY,
     *,
-    input_shape=None,
-    auto_pad="NOTSET",
-    ceil_mode=0,
-    count_include_pad=0,
-    dilations=None,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
+    kernel_shape,
+    strides,
+    dilations,
+    pads_begin,
+    pads_end,
+    out_spatial,
+    count_include_pad,
+    input_shape,
 ):
-    """numba dfdl.AveragePoolGrad; the numpy forward for other dtypes/ranks."""
-    if not _supported(dY):
-        return ref.AveragePoolGrad(
-            dY,
-            input_shape=input_shape,
-            auto_pad=auto_pad,
-            ceil_mode=ceil_mode,
-            count_include_pad=count_include_pad,
-            dilations=dilations,
-            kernel_shape=kernel_shape,
-            pads=pads,
-            strides=strides,
-        )
-    sp = tuple(int(v) for v in input_shape[2:])
-    g = ref.pool_geometry(
-        "AveragePoolGrad", sp, kernel_shape, strides, pads, auto_pad, dilations, ceil_mode
+    """numba dfdl.AveragePoolGrad: dX of shape ``input_shape``."""
+    windows = _windows(kernel_shape, strides, dilations, pads_begin, pads_end)
+    return _run_grad(
+        dY, None, input_shape, out_spatial, windows, False, include_pad=count_include_pad
     )
-    shape = tuple(int(v) for v in input_shape)
-    return _run_grad(dY, None, shape, g, False, include_pad=count_include_pad)

@@ -3,7 +3,15 @@
 Each pass views the tensor as ``(outer, L, inner)`` and computes
 ``out[o, j, i] = sum_k w[j, k] * x[o, idx[j, k], i]`` with a float64 accumulator;
 intermediate passes keep the input dtype. Other modes and dtypes use the numpy forward.
-``ResizeGrad`` runs the adjoint passes (last axis first) as float64 scatter-adds.
+``ResizeGrad`` runs the adjoint passes (last axis first) as float64 scatter-adds. Both
+receive their passes from the op's params rule (:func:`dfdl.ops.resize.resize_params`).
+
+Example:
+    >>> from dfdl.ops.resize import resize_params
+    >>> x = np.ones((1, 1, 2, 2), np.float32)
+    >>> resize(x, **resize_params(x, scales=np.array([1, 1, 2, 2], np.float32),
+    ...                           mode="linear")).shape
+    (1, 1, 4, 4)
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import math
 import numba
 import numpy as np
 
-from dfdl.ops import resize as ref
+from dfdl.ops.registry import kernel
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -52,53 +60,15 @@ def _resize_last_axis(x, out, idx, w, outside, fill):
             orow[j] = acc
 
 
-def Resize(
-    X,
-    roi=None,
-    scales=None,
-    sizes=None,
-    *,
-    antialias=0,
-    axes=None,
-    coordinate_transformation_mode="half_pixel",
-    cubic_coeff_a=-0.75,
-    exclude_outside=0,
-    extrapolation_value=0.0,
-    keep_aspect_ratio_policy="stretch",
-    mode="nearest",
-    nearest_mode="round_prefer_floor",
-    dfdl_tile=None,
-):
-    """numba linear Resize; the numpy forward for nearest and other dtypes."""
-    if mode != "linear" or X.dtype not in _KERNEL_DTYPES:
-        return ref.Resize(
-            X,
-            roi,
-            scales,
-            sizes,
-            antialias=antialias,
-            axes=axes,
-            coordinate_transformation_mode=coordinate_transformation_mode,
-            cubic_coeff_a=cubic_coeff_a,
-            exclude_outside=exclude_outside,
-            extrapolation_value=extrapolation_value,
-            keep_aspect_ratio_policy=keep_aspect_ratio_policy,
-            mode=mode,
-            nearest_mode=nearest_mode,
-            dfdl_tile=dfdl_tile,
-        )
-    ref.check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
-    attrs = dict(
-        axes=axes,
-        keep_aspect_ratio_policy=keep_aspect_ratio_policy,
-        coordinate_transformation_mode=coordinate_transformation_mode,
-        mode=mode,
-        nearest_mode=nearest_mode,
-        antialias=antialias,
-        exclude_outside=exclude_outside,
-    )
+def _accepts_linear(X, *rest, mode="nearest", **attrs) -> bool:
+    return mode == "linear" and X.dtype in _KERNEL_DTYPES
+
+
+@kernel("Resize", accepts=_accepts_linear)
+def resize(X, roi=None, scales=None, sizes=None, *, passes, extrapolation_value):
+    """numba linear Resize: ``passes`` (:func:`dfdl.ops.resize.forward_passes`) one axis
+    after the other, ``extrapolation_value`` where a pass marks an output outside."""
     y = np.ascontiguousarray(X)
-    passes = ref.forward_passes(X.shape, roi, scales, sizes, attrs, dfdl_tile)
     for a, idx, w, outside, n_out in passes:
         L = y.shape[a]
         if outside is None:
@@ -106,7 +76,7 @@ def Resize(
         outer, inner = math.prod(y.shape[:a]), math.prod(y.shape[a + 1 :])
         new_shape = y.shape[:a] + (n_out,) + y.shape[a + 1 :]
         out = np.empty(new_shape, X.dtype)
-        args = (idx.astype(np.int64), np.ascontiguousarray(w), outside, float(extrapolation_value))
+        args = (idx.astype(np.int64), np.ascontiguousarray(w), outside, extrapolation_value)
         if inner == 1:
             _resize_last_axis(y.reshape(outer, L), out.reshape(outer, n_out), *args)
         else:
@@ -131,55 +101,16 @@ def _scatter_axis(g, out, idx, w):
                     out[o, src, i] += wk * g[o, j, i]
 
 
-def ResizeGrad(
-    dY,
-    roi=None,
-    scales=None,
-    sizes=None,
-    *,
-    input_shape=None,
-    antialias=0,
-    axes=None,
-    coordinate_transformation_mode="half_pixel",
-    cubic_coeff_a=-0.75,
-    exclude_outside=0,
-    extrapolation_value=0.0,
-    keep_aspect_ratio_policy="stretch",
-    mode="nearest",
-    nearest_mode="round_prefer_floor",
-):
-    """numba dfdl.ResizeGrad (float64 accumulation); the numpy forward for other dtypes."""
-    if dY.dtype not in _KERNEL_DTYPES:
-        return ref.ResizeGrad(
-            dY,
-            roi,
-            scales,
-            sizes,
-            input_shape=input_shape,
-            antialias=antialias,
-            axes=axes,
-            coordinate_transformation_mode=coordinate_transformation_mode,
-            cubic_coeff_a=cubic_coeff_a,
-            exclude_outside=exclude_outside,
-            extrapolation_value=extrapolation_value,
-            keep_aspect_ratio_policy=keep_aspect_ratio_policy,
-            mode=mode,
-            nearest_mode=nearest_mode,
-        )
-    ref.check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
-    shape = tuple(int(v) for v in input_shape)
-    plan = ref.resize_plan(
-        shape, roi, scales, sizes, axes, keep_aspect_ratio_policy, coordinate_transformation_mode
-    )
-    attrs = dict(
-        mode=mode,
-        coordinate_transformation_mode=coordinate_transformation_mode,
-        nearest_mode=nearest_mode,
-        antialias=antialias,
-        exclude_outside=exclude_outside,
-    )
+def _floats(dY, *rest, **attrs) -> bool:
+    return dY.dtype in _KERNEL_DTYPES
+
+
+@kernel("ResizeGrad", accepts=_floats, domain="dfdl")
+def resize_grad(dY, roi=None, scales=None, sizes=None, *, passes):
+    """numba dfdl.ResizeGrad: the adjoint ``passes`` (:func:`dfdl.ops.resize.adjoint_passes`)
+    as float64 scatter-adds."""
     g = np.ascontiguousarray(dY, dtype=np.float64)
-    for a, L, idx, w in ref.adjoint_passes(plan, shape, attrs):
+    for a, L, idx, w in passes:
         outer, inner = math.prod(g.shape[:a]), math.prod(g.shape[a + 1 :])
         out = np.zeros(g.shape[:a] + (L,) + g.shape[a + 1 :])
         _scatter_axis(

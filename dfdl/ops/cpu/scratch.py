@@ -1,22 +1,18 @@
 """Per-thread scratch arrays that a kernel reuses from one call to the next.
 
-A kernel's temporary array (the padded input grid of a direct convolution, tens of MB
-for a 3-D U-Net tile) is fresh memory on every call: glibc hands a large block back to
-the system when it is freed, and the next call faults every page in again. On this
-project's 2-core VM a fault costs about 1.5 us per 4 KiB page (0.4 ms per MB; numpy's
-huge-page advice brings it to about 0.12 ms per MB), as much as a fast kernel's pass
-over the same bytes. :func:`scratch` keeps one buffer per name per thread and hands out
-a view of it, so a worker thread running the same kernels step after step touches the
-same pages.
+A kernel's large temporary array (the padded input grid of a direct convolution) is
+fresh memory on every call: glibc hands a large block back to the system when it is
+freed, and the next call faults every page in again. :func:`scratch` keeps one buffer
+per name per thread and hands out a view of it, so a worker thread running the same
+kernels step after step touches the same pages.
 
-The contents are whatever the last call left: a caller writes every value it reads.
-Buffers over :data:`MAX_BYTES` are not kept (a plain ``np.empty``), so the memory that
-Dask's accounting of tiles does not see stays below ``MAX_BYTES`` per name and worker
-thread. dfdl's worker preload lowers ``MAX_BYTES`` with :func:`fit_to_worker` so that
-all of a worker's scratch stays within :data:`WORKER_SHARE` of its memory limit,
-counting its task threads and its gang helpers (:mod:`dfdl.taskgraph.gang`): a 1 GiB
-worker with 2 task threads and 1 helper keeps buffers of up to 5.3 MiB, none of a 3-D
-U-Net's large grids.
+Contract: the contents are whatever the last call left, so a caller writes every value
+it reads (results never depend on the buffer's history). Buffers over
+:data:`MAX_BYTES` are not kept (a plain ``np.empty``), so the memory Dask's accounting
+of tiles does not see stays below ``MAX_BYTES`` per name and worker thread; dfdl's
+worker preload lowers ``MAX_BYTES`` with :func:`fit_to_worker` so that all of a
+worker's scratch, task threads and gang helpers together, stays within
+:data:`WORKER_SHARE` of its memory limit.
 
 Example:
     >>> a = scratch("example", (4, 8), np.float32)
@@ -24,6 +20,8 @@ Example:
     ((4, 8), 'float32')
     >>> scratch("example", (2, 8), np.float32).ctypes.data == a.ctypes.data
     True
+
+Measurements: ``docs/design/scratch-memory.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,19 @@
 """Explicit 512-bit vectors in numba kernels: one register of 16 float32 or 8 float64.
 
-numba vectorizes a loop over contiguous values by itself, but a kernel that keeps a
-block of accumulators in registers across a long reduction (a convolution's 16 output
-positions x 16 output channels, summed over channels and taps) cannot be written as such
-a loop: LLVM will not promote an array of accumulators to registers when other arrays
-might alias it. These intrinsics give a kernel SSA vector values instead: ``vzero``,
-``vload``/``vstore`` of one vector at a flat index, ``vadd``, and ``vfma_bcast`` (one
-array element broadcast to every lane, times a vector, plus an accumulator), which LLVM
-emits as a single ``vfmadd231ps (mem){1to16}`` on AVX-512. On a CPU without AVX-512 LLVM
-splits each vector into two or four legal ones.
+A kernel that keeps a block of accumulators in registers across a long reduction (a
+convolution's 16 positions x 16 output channels) cannot be written as a loop numba
+vectorizes: LLVM will not promote an array of accumulators to registers when other
+arrays might alias it. These intrinsics give a kernel SSA vector values instead:
+:func:`vzero`, :func:`vload`/:func:`vstore` of one vector at a flat index, :func:`vadd`,
+and :func:`vfma_bcast` (one array element broadcast to every lane, times a vector, plus
+an accumulator: a single ``vfmadd231ps (mem){1to16}`` on AVX-512; without AVX-512 LLVM
+splits each vector into two or four legal ones).
 
-numba's cache keys a kernel on its own source file: a change here does not recompile
-kernels cached with ``cache=True`` elsewhere (clear their ``__pycache__`` ``*.nbi``).
-
-The fused multiply-add rounds once, as the ``contract`` fast-math flag makes numba's
-scalar ``s += a * b`` do, so a kernel written with these intrinsics gives the same bits
-as a scalar loop with the same summation order.
+Guarantees: the fused multiply-add rounds once, as the ``contract`` fast-math flag makes
+numba's scalar ``s += a * b`` do, so a kernel written with these intrinsics gives the
+same bits as a scalar loop with the same summation order. numba's cache keys a kernel
+on its own source file: a change here does not recompile kernels cached with
+``cache=True`` elsewhere (clear their ``__pycache__`` ``*.nbi``).
 
 Example:
     >>> @numba.njit

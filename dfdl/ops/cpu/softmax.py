@@ -1,8 +1,15 @@
-"""Softmax and LogSoftmax kernels over the last axis (float32/float64).
+"""Softmax and LogSoftmax kernels and their gradients, over the last axis (float32/64).
 
 numba has no vectorized ``exp`` here (no SVML), so numpy's SIMD ``exp`` runs in place on
 cache-sized blocks of rows, between two numba passes: subtract the row max, then
-normalize with a float64 row sum. Other axes and dtypes use the numpy forward.
+normalize with a float64 row sum. The ``accepts`` rules leave other axes (they would need
+two transposing copies: numpy's strided reductions win there), other dtypes and empty
+tensors to the numpy forwards; the kernels take no parameters (see
+:func:`dfdl.ops.softmax.softmax_params`).
+
+Example:
+    >>> softmax(np.array([[0.0, 0.0]], np.float32))
+    array([[0.5, 0.5]], dtype=float32)
 """
 
 from __future__ import annotations
@@ -12,20 +19,22 @@ import math
 import numba
 import numpy as np
 
+from dfdl.ops.registry import kernel
+
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 #: elements per block of rows (fits in L2 with its temporaries)
-_BLOCK = 1 << 15
+BLOCK = 1 << 15
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _sub_row_max(x, out):
+def sub_row_max(x, out):
     """out[r, :] = x[r, :] - max(x[r, :]) (NaNs do not count in the max).
 
     The max runs in 8 independent lanes: one running max is a chain of dependent
     compare-selects that LLVM does not vectorize (it may not reorder a NaN-ignoring max
-    without ``nnan``), so 8 chains keep the core busy: 6.7 -> 2.8 ms for (16384, 256)
-    float32 rows in blocks of 128 on one thread. The max of a row is the same value
-    whatever order it is taken in (a +0 for a -0 at most, which gives the same output).
+    without ``nnan``), so 8 chains keep the core busy (``docs/design/softmax-row-max.md``).
+    The max of a row is the same value whatever order it is taken in (a +0 for a -0 at
+    most, which gives the same output).
     """
     rows, n = x.shape
     for r in range(rows):
@@ -77,9 +86,13 @@ def _sub_log_row_sum(d, e):
             d[r, j] = d[r, j] - ls
 
 
-def _use_kernel(x: np.ndarray, axis: int) -> bool:
-    # another axis would need two transposing copies: numpy's strided reductions win there
+def _last_axis(x, *inputs, axis=-1) -> bool:
+    """Whether the (soft)max axis of ``x`` is its last and the kernels take ``x``."""
     return x.dtype in _FLOATS and x.size > 0 and axis in (-1, x.ndim - 1)
+
+
+def _output_last_axis(dY, Y, *, axis=-1) -> bool:
+    return _last_axis(Y, axis=axis)
 
 
 def _run_rows(x: np.ndarray, log: bool) -> np.ndarray:
@@ -87,10 +100,10 @@ def _run_rows(x: np.ndarray, log: bool) -> np.ndarray:
     n = x.shape[-1]
     x2 = np.ascontiguousarray(x).reshape(-1, n)
     out = np.empty_like(x2)
-    step = max(1, _BLOCK // max(n, 1))
+    step = max(1, BLOCK // max(n, 1))
     for i in range(0, x2.shape[0], step):
         ob = out[i : i + step]
-        _sub_row_max(x2[i : i + step], ob)
+        sub_row_max(x2[i : i + step], ob)
         if log:
             _sub_log_row_sum(ob, np.exp(ob))
         else:
@@ -99,25 +112,19 @@ def _run_rows(x: np.ndarray, log: bool) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-def cpu_softmax(input, *, axis=-1):
-    """Softmax with the row kernels for float32/float64; numpy forward otherwise."""
-    if not _use_kernel(input, axis):
-        from dfdl.ops.norm import Softmax
-
-        return Softmax(input, axis=axis)
+@kernel("Softmax", accepts=_last_axis)
+def softmax(input):
+    """Softmax of a float32/float64 tile over its last axis."""
     return _run_rows(input, False)
 
 
-def cpu_log_softmax(input, *, axis=-1):
-    """LogSoftmax with the row kernels for float32/float64; numpy forward otherwise."""
-    if not _use_kernel(input, axis):
-        from dfdl.ops.norm import LogSoftmax
-
-        return LogSoftmax(input, axis=axis)
+@kernel("LogSoftmax", accepts=_last_axis)
+def log_softmax(input):
+    """LogSoftmax of a float32/float64 tile over its last axis."""
     return _run_rows(input, True)
 
 
-# ----------------------------------------------------------------- backward kernels
+# ------------------------------------------------------------ backward row kernels
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -144,123 +151,34 @@ def _log_softmax_grad_rows(dy, e, dx):
             dx[r, j] = dy[r, j] - e[r, j] * s
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _sce_finish_rows(e, labels, coef):
-    """e[r, :] = coef[r] * (e[r, :] / sum(e[r, :]) - onehot(labels[r])), in place."""
-    rows, n = e.shape
-    for r in range(rows):
-        s = 0.0
-        for j in range(n):
-            s += e[r, j]
-        a = coef[r] / s
-        for j in range(n):
-            e[r, j] = e[r, j] * a
-        e[r, labels[r]] -= coef[r]
+# ------------------------------------------------------------- backward kernels
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _sub_max_axis1(x, out):
-    """out[n, :, s] = x[n, :, s] - max over the class axis, for x (N, C, S)."""
-    N, C, S = x.shape
-    mx = np.empty(S, dtype=x.dtype)
-    for n in range(N):
-        for s in range(S):
-            mx[s] = x[n, 0, s]
-        for c in range(1, C):
-            for s in range(S):
-                if x[n, c, s] > mx[s]:
-                    mx[s] = x[n, c, s]
-        for c in range(C):
-            for s in range(S):
-                out[n, c, s] = x[n, c, s] - mx[s]
-
-
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _sce_finish_nc(e, labels, coef):
-    """_sce_finish_rows over the class axis of e (N, C, S): S-vectors stay contiguous."""
-    N, C, S = e.shape
-    sm = np.empty(S)
-    for n in range(N):
-        for s in range(S):
-            sm[s] = 0.0
-        for c in range(C):
-            for s in range(S):
-                sm[s] += e[n, c, s]
-        for s in range(S):
-            sm[s] = coef[n, s] / sm[s]
-        for c in range(C):
-            for s in range(S):
-                e[n, c, s] = e[n, c, s] * sm[s]
-        for s in range(S):
-            e[n, labels[n, s], s] -= coef[n, s]
-
-
-# ----------------------------------------------------------------- backward wrappers
-
-
-def _grad_rows(kernel, dY, Y):
+def _grad_rows(rows_kernel, dY, Y):
     n = Y.shape[-1]
     y = np.ascontiguousarray(Y).reshape(-1, n)
     dy = np.ascontiguousarray(dY).reshape(-1, n)
     dx = np.empty_like(y)
-    kernel(dy, y, dx)
+    rows_kernel(dy, y, dx)
     return dx.reshape(Y.shape)
 
 
-def cpu_softmax_grad(dY, Y, *, axis=-1):
-    """dfdl.SoftmaxGrad with a row kernel on the last axis; numpy forward otherwise."""
-    if not _use_kernel(Y, axis):
-        from dfdl.ops.norm import SoftmaxGrad
-
-        return SoftmaxGrad(dY, Y, axis=axis)
+@kernel("SoftmaxGrad", domain="dfdl", accepts=_output_last_axis)
+def softmax_grad(dY, Y):
+    """dfdl.SoftmaxGrad of a float32/float64 tile over its last axis."""
     return _grad_rows(_softmax_grad_rows, dY, Y)
 
 
-def cpu_log_softmax_grad(dY, Y, *, axis=-1):
-    """dfdl.LogSoftmaxGrad with a row kernel on the last axis; numpy forward otherwise."""
-    if not _use_kernel(Y, axis):
-        from dfdl.ops.norm import LogSoftmaxGrad
-
-        return LogSoftmaxGrad(dY, Y, axis=axis)
+@kernel("LogSoftmaxGrad", domain="dfdl", accepts=_output_last_axis)
+def log_softmax_grad(dY, Y):
+    """dfdl.LogSoftmaxGrad of a float32/float64 tile over its last axis."""
     n = Y.shape[-1]
     y = np.ascontiguousarray(Y).reshape(-1, n)
     dy = np.ascontiguousarray(dY).reshape(-1, n)
     dx = np.empty_like(y)
-    step = max(1, _BLOCK // max(n, 1))
+    step = max(1, BLOCK // max(n, 1))
     for i in range(0, y.shape[0], step):
         # numpy's SIMD exp on a cache-sized block, written into dx then overwritten
         e = np.exp(y[i : i + step], out=dx[i : i + step])
         _log_softmax_grad_rows(dy[i : i + step], e, dx[i : i + step])
     return dx.reshape(Y.shape)
-
-
-def cpu_softmax_cross_entropy_loss_grad(
-    dloss, scores, labels, weights=None, *, ignore_index=None, reduction="mean"
-):
-    """dfdl.SoftmaxCrossEntropyLossGrad with a numba kernel for float32/float64 scores."""
-    from dfdl.ops.loss import SoftmaxCrossEntropyLossGrad, loss_coefficients
-
-    if scores.dtype not in _FLOATS or scores.size == 0:
-        return SoftmaxCrossEntropyLossGrad(
-            dloss, scores, labels, weights, ignore_index=ignore_index, reduction=reduction
-        )
-    coef, safe = loss_coefficients(dloss, labels, weights, reduction, ignore_index)
-    N, C = scores.shape[:2]
-    x = np.ascontiguousarray(scores).reshape(N, C, -1)
-    S = x.shape[2]
-    coef = np.ascontiguousarray(coef, dtype=np.float64).reshape(N, S)
-    safe = safe.reshape(N, S)
-    out = np.empty_like(x)
-    step = max(1, _BLOCK // max(C * S, 1))
-    for i in range(0, N, step):
-        ob = out[i : i + step]
-        if S == 1:  # rows: the class axis is contiguous
-            rows = ob.reshape(-1, C)
-            _sub_row_max(x[i : i + step].reshape(-1, C), rows)
-            np.exp(rows, out=rows)
-            _sce_finish_rows(rows, safe[i : i + step, 0], coef[i : i + step, 0])
-        else:
-            _sub_max_axis1(x[i : i + step], ob)
-            np.exp(ob, out=ob)
-            _sce_finish_nc(ob, safe[i : i + step], coef[i : i + step])
-    return out.reshape(scores.shape)

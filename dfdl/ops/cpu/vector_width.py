@@ -1,15 +1,13 @@
 """Ask LLVM for 512-bit vectors in one numba kernel.
 
-LLVM tunes Intel CPUs with AVX-512 to prefer 256-bit vectors (``prefer-256-bit``: the
-512-bit units once cost clock speed), and numba compiles every kernel with the host's
-tuning. For a kernel that is bound by its fused multiply-adds, 512-bit vectors do
-twice the work per instruction: the direct convolution kernels measured 20-30% faster
-with them on this machine's Xeon, while the memory-bound kernels did not change. Calling
+LLVM tunes Intel CPUs with AVX-512 to prefer 256-bit vectors (``prefer-256-bit``), and
+numba compiles every kernel with the host's tuning; a kernel bound by its fused
+multiply-adds does twice the work per instruction with 512-bit vectors. Calling
 :func:`prefer_wide_vectors` first thing in a ``@numba.njit`` function sets LLVM's
-per-function ``prefer-vector-width`` attribute on it, so only that kernel changes; on a
-CPU without AVX-512 LLVM keeps the widest legal vectors and the call does nothing, and
-on AMD's Zen 4 and 5 (``znver4``, ``znver5``), which LLVM already tunes for 512-bit
-vectors, it changes nothing either.
+per-function ``prefer-vector-width`` attribute on it, so only that kernel changes. On a
+CPU without AVX-512 LLVM keeps the widest legal vectors and the call does nothing; on
+AMD's Zen 4 and 5, which LLVM already tunes for 512-bit vectors, it changes nothing
+either.
 
 numba's cache keys a kernel on its own source file: a change here does not recompile
 kernels cached with ``cache=True`` elsewhere (clear their ``__pycache__`` ``*.nbi``).
@@ -20,6 +18,8 @@ Example:
     ...     prefer_wide_vectors()
     ...     for i in range(x.size):
     ...         y[i] += a * x[i]
+
+Measurements: ``docs/design/wide-vectors.md``.
 """
 
 from __future__ import annotations

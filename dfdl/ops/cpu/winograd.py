@@ -1,29 +1,27 @@
 """Winograd F(2x2, 3x3) convolution: 3x3, stride-1, pad-1 2-D convolutions in 2.25x
-fewer multiplications than im2col + GEMM.
+fewer multiplications than im2col + GEMM (Lavin and Gray, "Fast Algorithms for
+Convolutional Neural Networks", 2016).
 
-Every 2x2 block of outputs ("tile") reads a 4x4 patch of the input. The patch and the
-filter are transformed (``V = B^T d B``, ``U = G g G^T``, both 4x4), multiplied
-position by position and summed over the input channels, which for all tiles at once
-is 16 GEMMs ``(tiles x C) @ (C x C_out)``, and transformed back (``Y = A^T M A``).
-The GEMMs do 16/36 of im2col's multiply-adds; the transforms are a few additions per
-value, run by numba on blocks of :data:`BLOCK_BYTES`, so they stay in cache between
-the two transforms and the batched GEMM.
+Every 2x2 block of outputs reads a 4x4 patch of the input; patch and filter are
+transformed (``V = B^T d B``, ``U = G g G^T``), multiplied position by position and
+summed over the input channels as 16 GEMMs ``(tiles x C) @ (C x C_out)``, and
+transformed back (``Y = A^T M A``), in blocks of :data:`BLOCK_BYTES` that stay in cache.
+:func:`conv` is the forward and, on dY with the flipped, transposed filter, the input
+gradient (``dfdl.ConvGradInput``); :func:`conv_grad_weight` is the forward's adjoint in
+the filter. :func:`applies` says which convolutions it takes (float32, one group,
+:data:`MIN_CHANNELS` channels or more); :mod:`dfdl.ops.cpu.conv` picks it by name.
 
-Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks" (2016). The
-result differs from the direct sum by rounding only (the transforms' coefficients are
-0, ±1 and ±1/2); dfdl's tests compare it with im2col at float32 tolerance.
-
-A convolution's input gradient with these attributes is the same kind of convolution
-(of dY with the flipped, transposed filter), so ``dfdl.ConvGradInput`` uses it too. The
-weight gradient (``dfdl.ConvGradWeight``) is the adjoint of the forward in the filter:
-the same input transform, the output gradient's tiles transformed by ``A dY A^T``, 16
-GEMMs that sum over the tiles, and ``G^T S G`` back to 3x3 (:func:`conv_grad_weight`).
+Guarantees: the result differs from the direct sum by rounding only (the transforms'
+coefficients are 0, ±1 and ±1/2) and is the same from run to run; dfdl's tests compare
+it with im2col at float32 tolerance.
 
 Example:
     >>> x = np.ones((1, 16, 4, 4), np.float32)
     >>> w = np.ones((16, 16, 3, 3), np.float32)
     >>> float(conv(x, w)[0, 0, 1, 1]), float(conv(x, w)[0, 0, 0, 0])
     (144.0, 64.0)
+
+Measurements: ``docs/design/winograd.md``.
 """
 
 from __future__ import annotations
@@ -33,11 +31,8 @@ import numpy as np
 
 from dfdl.ops.cpu.blas import matmul
 
-#: whether 3x3 stride-1 convolutions take this path (``applies``)
-ENABLED = True
-#: fewest input and output channels: with fewer, the 16 GEMMs are too thin to pay (one
-#: thread, 64 samples: 32 -> 32 channels on 16x16 images 2.60/3.15/2.63 ms fwd/dW/dX
-#: against im2col's 3.40/3.57/3.36; 16 -> 64 channels 3.50/4.42/4.48 against 3.81/3.79/3.69)
+#: fewest input and output channels: with fewer, the 16 GEMMs are too thin to pay
+#: (``docs/design/winograd.md``)
 MIN_CHANNELS = 32
 #: bytes of transformed input per block of tiles (the GEMMs' left operand)
 BLOCK_BYTES = 4 << 20
@@ -60,8 +55,7 @@ def applies(x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, d
         True
     """
     return (
-        ENABLED
-        and len(x_shape) == 4
+        len(x_shape) == 4
         and tuple(w_shape[2:]) == (3, 3)
         and list(strides) == [1, 1]
         and list(dilations) == [1, 1]

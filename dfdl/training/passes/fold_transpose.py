@@ -1,23 +1,22 @@
 """Fold a Transpose of the last two axes into the matrix product that reads it.
 
 The gradients of a product are products with a transposed operand (``dX = dY @ W^T``,
-``dV = P^T @ dC`` in attention), and models transpose keys and weights themselves. A
-Transpose task writes a reordered copy of its tile (the task's output rests
-C-contiguous on the worker), which the product then reads once more; BLAS could have
-read the original in place with its transpose flag. On the zoo's transformer these
-copies took 281 ms of thread time per step, 175 ms of them in swaps of the last two
-axes that feed a product (the attention's ``(8, 8, 256, 256)`` probabilities the
-largest, 14-24 ms each).
+``dV = P^T @ dC`` in attention), and a Transpose task writes a reordered copy of its tile
+that the product then reads once more, where BLAS could have read the original in place
+with its transpose flag. :func:`fold_transposes` rewrites the differentiated training
+graph, in place: each ``MatMul(A, B)`` one of whose operands is the output of
+``Transpose(X, perm=[0, ..., r-1, r-2])`` becomes ``dfdl.MatMulT(X, B, transA=1)`` (or
+``transB``), and a Transpose nothing else reads is then dropped by the graph's pruning.
+:func:`dfdl.training.graph.build_training_graph` runs it unless ``fold=False``.
 
-This rewrite of the differentiated training graph, in place, turns each ``MatMul(A, B)``
-one of whose operands is the output of ``Transpose(X, perm=[0, ..., r-1, r-2])`` into
-``dfdl.MatMulT(X, B, transA=1)`` (or ``transB``). A Transpose nothing else reads is
-then dropped by the graph's pruning. The arithmetic is the same product, summed by BLAS
-in the order of the transposed layout, so results agree with the unfolded graph to
-rounding, not bit for bit, and stay independent of where tasks run.
+Guarantees: the arithmetic is the same product, summed by BLAS in the order of the
+transposed layout, so results agree with the unfolded graph to rounding (not always bit
+for bit) and stay independent of where tasks run.
 
 Example:
     >>> n = fold_transposes(graph)  # doctest: +SKIP
+
+Measurements: ``docs/design/fold-transpose.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,25 @@
 """Fuse a training-mode BatchNormalization with the Relu that alone reads its output.
 
-``Conv -> BatchNormalization -> Relu`` is the building block of most convolutional
-networks. Unfused, each direction makes two passes over the activation with a task
-each: BatchNormalization writes Y and Relu reads it back to write Z; in the backward
-pass ReluGrad reads dZ and Z to write dY, which BatchNormalizationGrad reads twice.
-This rewrite of the differentiated, bound training graph, in place, turns
+Unfused, ``Conv -> BatchNormalization -> Relu`` makes two passes over the activation in
+each direction. :func:`fuse_batch_norm_relu` rewrites the differentiated, bound training
+graph, in place, and returns the number of pairs it fused:
 
 * ``BatchNormalization(X, ...) -> Y`` and ``Relu(Y) -> Z``, where nothing else reads
-  ``Y``, into ``dfdl.BatchNormalizationRelu(X, ...) -> Z`` (the node keeps the
-  BatchNormalization's name and running-statistics outputs); and
+  ``Y``, become ``dfdl.BatchNormalizationRelu(X, ...) -> Z`` (the node keeps the
+  BatchNormalization's name and running-statistics outputs);
 * ``ReluGrad(dZ, Z) -> dY`` and ``BatchNormalizationGrad(dY, X, scale, ...)``, where
-  nothing else reads ``dY``, into ``dfdl.BatchNormalizationReluGrad(dZ, Z, X, scale,
+  nothing else reads ``dY``, become ``dfdl.BatchNormalizationReluGrad(dZ, Z, X, scale,
   ...)`` (keeping the gradient node's name and outputs).
 
-The kernels compute the same arithmetic in one pass, so results are bit for bit those of
-the unfused graph. The split form of the normalization
-(:mod:`dfdl.training.passes.split_norm`) fuses the same pairs first and keeps each Relu inside
-its split ops.
+Guarantees: the kernels compute the same arithmetic in one pass, so results are bit for
+bit those of the unfused graph; :func:`unfuse_batch_norm_relu` undoes it. The split form
+of the normalization (:mod:`dfdl.training.passes.split_norm`) fuses the same pairs first
+and keeps each Relu inside its split ops.
 
 Example:
     >>> n = fuse_batch_norm_relu(tg.graph)  # doctest: +SKIP
+
+Measurements: ``docs/design/fuse-norm-relu.md``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,25 @@
 """Group the optimizer updates of small parameters into a few nodes per optimizer step.
 
-Every parameter gets its own ``dfdl.SGDUpdate``/``dfdl.AdamUpdate`` node, and every node
-at least one task per step. A network's biases and normalization scales are dozens of
-parameters of a few KiB: their updates take microseconds, but each task costs the
-embedded cluster a scheduler round trip (about 2.4 ms on 2 cores) and about 1.3 ms of
-scheduler and worker CPU. This rewrite of the training graph, in place, replaces the
-update nodes of parameters of at most :data:`GROUP_BYTES` that share an op, attributes
-and per-step scalars with ``dfdl.UpdateGroup`` nodes (:mod:`dfdl.ops.optim`) of up to
-:data:`GROUP_TOTAL_BYTES` of parameters each. They run the same kernels member by
-member, so results are bit for bit those of the ungrouped graph, and their outputs keep
-the members' names, so nothing downstream changes.
+Every parameter gets its own ``dfdl.SGDUpdate``/``dfdl.AdamUpdate`` node and task per
+step, and a network's biases and normalization scales are dozens of updates that take
+microseconds against a task's scheduling cost. :func:`group_small_updates` rewrites the
+training graph, in place: the update nodes of parameters of at most :data:`GROUP_BYTES`
+that share an op, attributes and per-step scalars become ``dfdl.UpdateGroup`` nodes
+(:mod:`dfdl.ops.optim`) of up to :data:`GROUP_TOTAL_BYTES` of parameters each. A split
+BatchNorm's running statistics updates (``dfdl.BatchNormRunning``) are grouped the same
+way by :meth:`dfdl.training.graph.TrainingGraph.split_batch_norms`
+(``group_running=True``).
 
-A split BatchNorm's running statistics update (``dfdl.BatchNormRunning``) is grouped the
-same way, by :meth:`dfdl.training.graph.TrainingGraph.split_batch_norms`: its tasks took
-microseconds each, right where both threads wait on the merge of a layer's moments
-(ResNet: 145 -> 131 tasks per step, 0.675 against 0.708 s).
-
-A group runs once all its members' gradients exist, at the end of the backward pass,
-where the first layers' gradients arrive anyway; the next step's forward reads the
-first layers' parameters first. A group is one whole task: where it does not fit a
-small worker's memory limit, ``plan_training`` plans the ungrouped graph.
+Guarantees: groups run the same kernels member by member, so results are bit for bit
+those of the ungrouped graph, and their outputs keep the members' names, so nothing
+downstream changes. A group runs once all its members' gradients exist (at the end of
+the backward pass) and is one whole task: where it does not fit a small worker's memory
+limit, ``plan_training`` plans the ungrouped graph.
 
 Example:
     >>> n = group_small_updates(tg.graph)  # doctest: +SKIP
+
+Measurements: ``docs/design/group-updates.md``.
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ def choose(
     step) is covered. When they cannot cover it, none is taken: the step spills either
     way, and measured spill traffic is then no lower with recompute (tiles are evicted
     and read back several times per step, and rebuilding rereads the checkpoints; see
-    ``bench/beyond_memory.py``), so recomputing only adds compute.
+    ``docs/design/beyond-memory.md``), so recomputing only adds compute.
 
     Example:
         >>> choose(segments(g, grads), excess_bytes=2**30, flops_per_s=5e10,

@@ -2,25 +2,25 @@
 
 As one op, a training-mode BatchNormalization (and ``dfdl.BatchNormalizationGrad``)
 keeps the batch and spatial axes whole: every task holds one channel of every sample.
-When that does not fit a worker (a 3-D volume's channel alone can be hundreds of MiB),
-the planner asks for this rewrite of the bound training graph: each BatchNormalization
-becomes ``BatchNormMoments`` (a tree of per-tile moments) + ``BatchNormApply`` (keeps the
-node's name) + ``BatchNormRunning``, and each gradient becomes ``BatchNormGradSums`` +
-``BatchNormGradApply`` (keeps the name) + ``BatchNormGradParams``
-(:mod:`dfdl.ops.batch_norm_split`). Value names the rest of the graph reads do not
-change; the math is the same up to the order of sums.
+When that does not fit a worker or tiles badly, the planner asks for
+:func:`split_batch_norms`, which rewrites the bound training graph in place: each
+BatchNormalization becomes ``BatchNormMoments`` (a tree of per-tile moments) +
+``BatchNormApply`` (keeps the node's name) + ``BatchNormRunning``, and each gradient
+becomes ``BatchNormGradSums`` + ``BatchNormGradApply`` (keeps the name) +
+``BatchNormGradParams`` (:mod:`dfdl.ops.batch_norm`). With ``fuse_relu`` (the default),
+a normalization whose output only a Relu reads (:mod:`dfdl.training.passes.fuse_norm_relu`)
+keeps that Relu inside its split ops: ``BatchNormApply`` with ``relu=1``, and the
+gradient ops reading ``ReluGrad(dZ, Z)`` as they go. :func:`splittable` says whether a
+node can be split.
 
-A normalization whose output only a Relu reads (:mod:`dfdl.training.passes.fuse_norm_relu`) keeps
-that Relu inside its split ops: ``BatchNormApply`` with ``relu=1``, and the gradient ops
-reading ``ReluGrad(dZ, Z)`` as they go. The Relu and ReluGrad passes over the
-activation, and the tile ReluGrad wrote, are gone; the step is bit for bit the same.
-Steps with it against without (``python bench/ab.py WORKLOAD
-dfdl.training.passes.split_norm.FUSE_RELU --b False --steps 6``, alternating rounds in one
-cluster, medians, same losses): ResNet 0.772 against 0.795 s (5 rounds), U-Net 1.094
-against 1.131 s (4 rounds).
+Guarantees: the value names the rest of the graph reads do not change; the math is the
+same up to the order of sums (the moments are merged per tile); keeping the Relu inside
+gives bit for bit the step of separate Relu passes.
 
 Example:
     >>> n = split_batch_norms(tg.graph)  # doctest: +SKIP
+
+Measurements: ``docs/design/split-norm.md``, ``split-norm-relu.md``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 from dfdl.ops import REGISTRY
 from dfdl.ops.cpu import blas, conv, conv_direct, conv_pointwise
 from tests.ops.cpu.test_blas import use_mkl
-from tests.ops.test_registry import CASES, assert_matches
+from tests.ops.test_registry import CASES, _present, assert_matches
 
 CONV_OPS = ("Conv", "ConvTranspose", "ConvGradInput", "ConvGradWeight")
 CONV_CASES = [
@@ -98,7 +98,7 @@ def test_kernel_matches_reference_in_each_layout(case, layout, library, monkeypa
     _spy(monkeypatch, "_stencil_grad_weight", calls, conv_direct)
     _spy(monkeypatch, "_sampled", calls, conv_pointwise)
     _spy(monkeypatch, "conv_grad_input", calls, conv_pointwise)
-    got = REGISTRY[case.key].kernels["cpu"](*case.inputs, **case.attrs)
+    got = REGISTRY[case.key].kernel("cpu")(*_present(case.inputs), **case.attrs)
     assert_matches(got, case.expected()[0], case, f"{layout} kernel")
     direct = [c for c in calls if c.startswith("_stencil")]
     pointwise_conv = case.op == "Conv" and "pointwise" in case.id
@@ -135,11 +135,11 @@ def test_resnet_like_shapes_take_the_channels_last_path_by_default(dtype, monkey
     _spy(monkeypatch, "_col2im_cl", calls)
     tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-10}
     conv_op, gi, gw = (REGISTRY[k] for k in ("Conv", "dfdl.ConvGradInput", "dfdl.ConvGradWeight"))
-    y = conv_op.kernels["cpu"](x, w, **attrs)
+    y = conv_op.kernel("cpu")(x, w, **attrs)
     np.testing.assert_allclose(y, conv_op.forward(x, w, **attrs), **tol)
     dy = rng.standard_normal(y.shape).astype(dtype)
-    dx = gi.kernels["cpu"](dy, w, input_shape=list(x.shape), **attrs)
+    dx = gi.kernel("cpu")(dy, w, input_shape=list(x.shape), **attrs)
     np.testing.assert_allclose(dx, gi.forward(dy, w, input_shape=list(x.shape), **attrs), **tol)
-    dw = gw.kernels["cpu"](x, dy, weight_shape=list(w.shape), **attrs)
+    dw = gw.kernel("cpu")(x, dy, weight_shape=list(w.shape), **attrs)
     np.testing.assert_allclose(dw, gw.forward(x, dy, weight_shape=list(w.shape), **attrs), **tol)
     assert calls.count("_im2col_cl") > 0 and calls.count("_col2im_cl") > 0

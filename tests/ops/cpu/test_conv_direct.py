@@ -202,10 +202,11 @@ def test_cpu_kernels_route_by_shape(shapes, direct, monkeypatch):
     attrs = {"pads": [1] * 2 * (x.ndim - 2)}
     calls: list = []
     _spy(monkeypatch, calls)
-    y = conv.conv_cpu(x, w, **attrs)
+    y = CONV.kernel("cpu")(x, w, **attrs)
     dy = np.ones_like(y)
-    conv.conv_grad_input_cpu(dy, w, input_shape=list(xs), **attrs)
-    conv.conv_grad_weight_cpu(x, dy, weight_shape=list(ws), **attrs)
+    GRAD_INPUT.kernel("cpu")(dy, w, input_shape=list(xs), **attrs)
+    GRAD_WEIGHT.kernel("cpu")(x, dy, weight_shape=list(ws), **attrs)
+    assert (conv.algorithm(xs, ws, x.dtype, **CONV.params(x, w, **attrs)) == "direct") == direct
     expected = ["_stencil", "_stencil", "_stencil_grad_weight"] if direct else []
     assert calls == expected
     np.testing.assert_allclose(y, CONV.forward(x, w, **attrs), rtol=1e-4, atol=1e-4)

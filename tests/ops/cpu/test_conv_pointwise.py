@@ -8,8 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dfdl.ops import REGISTRY
 from dfdl.ops import conv as ref
-from dfdl.ops.cpu import conv, conv_pointwise
+from dfdl.ops.cpu import conv_pointwise
+
+CONV, GRAD_INPUT, GRAD_WEIGHT = (
+    REGISTRY[k].kernel("cpu") for k in ("Conv", "dfdl.ConvGradInput", "dfdl.ConvGradWeight")
+)
 
 #: (X shape, C_out, strides)
 SHAPES = [
@@ -31,17 +36,17 @@ def test_pointwise_kernels_match_the_reference(x_shape, c_out, strides, dtype):
     b = rng.standard_normal(c_out).astype(dtype)
     attrs = {"strides": strides}
     want = ref.Conv(x, w, b, **attrs)
-    got = conv.conv_cpu(x, w, b, **attrs)
+    got = CONV(x, w, b, **attrs)
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-12}
     np.testing.assert_allclose(got, want, **tol)
     dy = rng.standard_normal(want.shape).astype(dtype)
     np.testing.assert_allclose(
-        conv.conv_grad_input_cpu(dy, w, input_shape=list(x_shape), **attrs),
+        GRAD_INPUT(dy, w, input_shape=list(x_shape), **attrs),
         ref.ConvGradInput(dy, w, input_shape=list(x_shape), **attrs),
         **tol,
     )
     np.testing.assert_allclose(
-        conv.conv_grad_weight_cpu(x, dy, weight_shape=list(w.shape), **attrs),
+        GRAD_WEIGHT(x, dy, weight_shape=list(w.shape), **attrs),
         ref.ConvGradWeight(x, dy, weight_shape=list(w.shape), **attrs),
         **tol,
     )
@@ -56,13 +61,13 @@ def test_the_pointwise_kernels_are_the_ones_that_run(monkeypatch):
         )
     x = np.ones((2, 4, 6, 6), np.float32)
     w = np.ones((3, 4, 1, 1), np.float32)
-    y = conv.conv_cpu(x, w, strides=[2, 2])
-    conv.conv_grad_input_cpu(y, w, input_shape=list(x.shape), strides=[2, 2])
-    conv.conv_grad_weight_cpu(x, y, weight_shape=list(w.shape), strides=[2, 2])
+    y = CONV(x, w, strides=[2, 2])
+    GRAD_INPUT(y, w, input_shape=list(x.shape), strides=[2, 2])
+    GRAD_WEIGHT(x, y, weight_shape=list(w.shape), strides=[2, 2])
     assert calls == ["conv", "conv_grad_input", "conv_grad_weight"]
-    conv.conv_cpu(x, w, pads=[1, 1, 1, 1])  # padded: im2col
-    conv.conv_cpu(x, np.ones((4, 2, 1, 1), np.float32), group=2)  # grouped: im2col
-    conv.conv_cpu(x, np.ones((3, 4, 3, 3), np.float32))  # 3x3
+    CONV(x, w, pads=[1, 1, 1, 1])  # padded: im2col
+    CONV(x, np.ones((4, 2, 1, 1), np.float32), group=2)  # grouped: im2col
+    CONV(x, np.ones((3, 4, 3, 3), np.float32))  # 3x3
     assert calls == ["conv", "conv_grad_input", "conv_grad_weight"]
 
 

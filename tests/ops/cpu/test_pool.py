@@ -13,8 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dfdl.ops import REGISTRY
 from dfdl.ops import pool as ref
 from dfdl.ops.cpu import pool
+
+MAX_POOL = REGISTRY["MaxPool"].kernel("cpu")
+MAX_POOL_GRAD = REGISTRY["dfdl.MaxPoolGrad"].kernel("cpu")
 
 GEOMETRIES = {
     "resnet_stem": dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
@@ -77,9 +81,9 @@ def _general(dY, X, geo, storage_order=0):
 def test_flat_max_kernels_equal_the_general_ones(name, storage_order, dtype):
     geo = GEOMETRIES[name]
     x = _data(SHAPES.get(name, (2, 3, 9, 10)), dtype)
-    y, idx = pool.MaxPool(x, storage_order=storage_order, **geo)
+    y, idx = MAX_POOL(x, storage_order=storage_order, **geo)
     dy = np.random.default_rng(4).standard_normal(y.shape).astype(dtype)
-    dx = pool.MaxPoolGrad(dy, x, **geo)
+    dx = MAX_POOL_GRAD(dy, x, **geo)
     want_y, want_idx, want_dx = _general(dy, x, geo, storage_order)
     np.testing.assert_array_equal(y, want_y)
     np.testing.assert_array_equal(idx, want_idx)
@@ -102,13 +106,13 @@ def test_the_flat_kernels_are_the_ones_that_run(monkeypatch):
     for name in (*kernels, "_max_pool_pairs", "_max_pool_grad_pairs"):
         monkeypatch.setattr(pool, name, spy(getattr(pool, name)))
     x = _data((2, 3, 9, 10), np.float32)
-    y, _ = pool.MaxPool(x, **GEOMETRIES["resnet_stem"])
-    pool.MaxPoolGrad(np.ones_like(y), x, **GEOMETRIES["resnet_stem"])
+    y, _ = MAX_POOL(x, **GEOMETRIES["resnet_stem"])
+    MAX_POOL_GRAD(np.ones_like(y), x, **GEOMETRIES["resnet_stem"])
     x3 = _data((1, 2, 4, 5, 6), np.float32)
-    pool.MaxPool(x3, kernel_shape=[3, 3, 3])  # 3-D, three wide: general
-    y, _ = pool.MaxPool(x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2])
-    pool.MaxPoolGrad(np.ones_like(y), x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2])
-    pool.MaxPool(x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2], storage_order=1)  # general
-    pool.MaxPool(x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2], pads=[0, 0, 1] * 2)
+    MAX_POOL(x3, kernel_shape=[3, 3, 3])  # 3-D, three wide: general
+    y, _ = MAX_POOL(x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2])
+    MAX_POOL_GRAD(np.ones_like(y), x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2])
+    MAX_POOL(x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2], storage_order=1)  # general
+    MAX_POOL(x3, kernel_shape=[2, 2, 2], strides=[2, 2, 2], pads=[0, 0, 1] * 2)
     want = ["_max_pool_2d", "_max_pool_grad_2d", "_pool_kernel", "_max_pool_pairs"]
     assert calls == [*want, "_max_pool_grad_pairs", "_pool_kernel", "_pool_kernel"]

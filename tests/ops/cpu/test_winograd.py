@@ -3,8 +3,9 @@
 The forward and both gradients are checked against the registry's numpy forwards
 (independent of the CPU kernels) at float32 tolerance, over even and odd image sizes,
 channel counts that are not powers of two, one sample and several blocks of tiles;
-``applies`` must take only the geometry the transforms are written for, and the CPU
-kernels must route ResNet-like convolutions here.
+``applies`` must take only the geometry the transforms are written for, the CPU
+kernels must route ResNet-like convolutions here, and im2col, run by name on the same
+geometry, must agree with them.
 """
 
 from __future__ import annotations
@@ -57,24 +58,28 @@ def test_weight_gradient_matches_the_reference(shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
-def test_cpu_kernels_route_here_and_match(shape, monkeypatch):
+def test_cpu_kernels_route_here_and_match(shape):
     _, xs, m = shape
     x, w = _data(xs, m)
     b = np.random.default_rng(2).standard_normal(m).astype(np.float32)
     attrs = {"pads": [1] * 4}
-    y = conv.conv_cpu(x, w, b, **attrs)
+    params = CONV.params(x, w, b, **attrs)
+    assert conv.algorithm(xs, w.shape, x.dtype, **params) == "winograd"
+    y = CONV.kernel("cpu")(x, w, b, **attrs)
     np.testing.assert_allclose(y, CONV.forward(x, w, b, **attrs), **TOL)
     dy = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
-    dx = conv.conv_grad_input_cpu(dy, w, input_shape=xs, **attrs)
+    dx = GRAD_INPUT.kernel("cpu")(dy, w, input_shape=xs, **attrs)
     np.testing.assert_allclose(dx, GRAD_INPUT.forward(dy, w, input_shape=xs, **attrs), **TOL)
-    dw = conv.conv_grad_weight_cpu(x, dy, weight_shape=w.shape, **attrs)
+    dw = GRAD_WEIGHT.kernel("cpu")(x, dy, weight_shape=w.shape, **attrs)
     ref = GRAD_WEIGHT.forward(x, dy, weight_shape=w.shape, **attrs)
     np.testing.assert_allclose(dw, ref, rtol=1e-4, atol=1e-5 * float(np.abs(ref).max()))
-    # with the path off, the same numbers come from im2col (and the check could fail)
-    monkeypatch.setattr(winograd, "ENABLED", False)
-    np.testing.assert_allclose(conv.conv_cpu(x, w, b, **attrs), y, **TOL)
-    dx_plain = conv.conv_grad_input_cpu(dy, w, input_shape=xs, **attrs)
-    np.testing.assert_allclose(dx_plain, dx, **TOL)
+    # im2col gives the same numbers (to rounding; a bug in either would fail this)
+    np.testing.assert_allclose(conv.run_conv("im2col", x, w, b, **params), y, **TOL)
+    dx_params = GRAD_INPUT.params(dy, w, input_shape=xs, **attrs)
+    np.testing.assert_allclose(conv.run_grad_input("im2col", dy, w, **dx_params), dx, **TOL)
+    dw_params = GRAD_WEIGHT.params(x, dy, weight_shape=w.shape, **attrs)
+    dw_plain = conv.run_grad_weight("im2col", x, dy, **dw_params)
+    np.testing.assert_allclose(dw_plain, dw, rtol=1e-4, atol=1e-5 * float(np.abs(ref).max()))
 
 
 def test_blocks_of_tiles_and_chunks_of_samples_cover_every_tile(monkeypatch):
@@ -108,9 +113,12 @@ def test_kernels_are_called_for_resnet_convolutions(monkeypatch):
     monkeypatch.setattr(winograd, "conv", spy)
     monkeypatch.setattr(winograd, "conv_grad_weight", spy_dw)
     x, w = _data((2, 64, 8, 8), 64)
-    conv.conv_cpu(x, w, pads=[1] * 4)
-    conv.conv_grad_input_cpu(x, w, pads=[1] * 4, input_shape=x.shape)
-    conv.conv_grad_weight_cpu(x, x, pads=[1] * 4, weight_shape=w.shape)
+    CONV.kernel("cpu")(x, w, pads=[1] * 4)
+    GRAD_INPUT.kernel("cpu")(x, w, pads=[1] * 4, input_shape=x.shape)
+    GRAD_WEIGHT.kernel("cpu")(x, x, pads=[1] * 4, weight_shape=w.shape)
+    assert calls == [x.shape, x.shape, ("dW", x.shape)]
+    # the same geometry on im2col, named explicitly: Winograd is not called
+    conv.run_conv("im2col", x, w, **CONV.params(x, w, pads=[1] * 4))
     assert calls == [x.shape, x.shape, ("dW", x.shape)]
 
 

@@ -1,8 +1,9 @@
-"""OpCases for the split training-mode BatchNormalization (dfdl/ops/batch_norm_split.py).
+"""OpCases for BatchNormalization, whole and split (dfdl/ops/batch_norm.py).
 
-References are the textbook formulas in float64, written here from np.mean / np.var,
-not from dfdl. Inputs M and G are the moments and gradient sums of real tensors, so the
-cases run the ops as the split graph does.
+The whole op and its fused Relu pair are checked against complex-step references;
+the split ops' references are the textbook formulas in float64, written here from
+np.mean / np.var, not from dfdl. Inputs M and G of the split ops are the moments and
+gradient sums of real tensors, so the cases run the ops as the split graph does.
 """
 
 from __future__ import annotations
@@ -11,9 +12,182 @@ import numpy as np
 from onnx import TensorProto
 
 from tests.ops.case import OpCase, rand
+from tests.ops.cases_norm import _chan, _cs_batch_norm, _tol, cs_vjp
 from tests.ops.cases_optim import _group
 
 F32, F64 = np.float32, np.float64
+
+
+def _bn_inputs(*shape, dtype=F32):
+    c = shape[1]
+    return [
+        rand(*shape, dtype=dtype),
+        _chan(c, dtype, 1),
+        _chan(c, dtype, 2),
+        _chan(c, dtype, 3),
+        _chan(c, dtype, 4, positive=True),
+    ]
+
+
+_BN = [
+    OpCase("BatchNormalization", _bn_inputs(5, 7, 3, 4), id="f32_4d"),
+    OpCase("BatchNormalization", _bn_inputs(5, 7, dtype=F64), id="f64_2d"),
+    OpCase(
+        "BatchNormalization",
+        _bn_inputs(5, 7, 6, dtype=F64),
+        attrs={"epsilon": 1e-2},
+        id="f64_3d_eps",
+    ),
+    OpCase(
+        "BatchNormalization",
+        _bn_inputs(5, 7, 3, 4),
+        attrs={"training_mode": 1},
+        n_outputs=3,
+        id="train_f32_4d",
+    ),
+    OpCase(
+        "BatchNormalization",
+        _bn_inputs(5, 7, 6, dtype=F64),
+        attrs={"training_mode": 1, "momentum": 0.7, "epsilon": 1e-3},
+        n_outputs=3,
+        id="train_f64_3d_momentum",
+    ),
+    OpCase(
+        "BatchNormalization",
+        _bn_inputs(5, 7),
+        attrs={"training_mode": 1},
+        n_outputs=3,
+        id="train_f32_2d",
+    ),
+    OpCase(
+        "BatchNormalization",
+        _bn_inputs(5, 7, 6, dtype=F64),
+        attrs={"training_mode": 1},
+        id="train_f64_y_only",
+    ),
+]
+
+
+def _bn_grad_ref(epsilon=1e-5):
+    def ref(dY, X, scale, dMean=None, dVar=None):
+        axes = (0, *range(2, X.ndim))
+        b = np.zeros_like(scale)
+        f = lambda x, s, b_: _cs_batch_norm(x, s, b_, epsilon, axes)  # noqa: E731
+        dys = [dY, dMean, dVar]
+        return [
+            cs_vjp(f, [X, scale, b], 0, dys).astype(X.dtype),
+            cs_vjp(f, [X, scale, b], 1, dys).astype(scale.dtype),
+            cs_vjp(f, [X, scale, b], 2, dys).astype(scale.dtype),
+        ]
+
+    return ref
+
+
+_BN_GRAD = [
+    OpCase(
+        "BatchNormalizationGrad",
+        [rand(5, 7, 3, 4, seed=3), rand(5, 7, 3, 4), _chan(7, seed=1)],
+        n_outputs=3,
+        domain="dfdl",
+        reference=_bn_grad_ref(),
+        id="f32_4d",
+        **_tol(F32),
+    ),
+    OpCase(
+        "BatchNormalizationGrad",
+        [
+            rand(5, 7, 6, dtype=F64, seed=3),
+            rand(5, 7, 6, dtype=F64),
+            _chan(7, F64, 1),
+            _chan(7, F64, 2),
+            _chan(7, F64, 3),
+        ],
+        attrs={"epsilon": 1e-3},
+        n_outputs=3,
+        domain="dfdl",
+        reference=_bn_grad_ref(1e-3),
+        id="f64_3d_stats_grads",
+        **_tol(F64),
+    ),
+    OpCase(
+        "BatchNormalizationGrad",
+        [rand(5, 7, seed=3), rand(5, 7), _chan(7, seed=1), None, _chan(7, seed=3)],
+        n_outputs=3,
+        domain="dfdl",
+        reference=_bn_grad_ref(),
+        id="f32_2d_var_grad",
+        **_tol(F32),
+    ),
+]
+
+
+def _bn_relu_ref(epsilon=1e-5, momentum=0.9):
+    """Independent of dfdl: the normalization written out, then max(., 0)."""
+
+    def ref(X, scale, B, input_mean, input_var):
+        axes = (0, *range(2, X.ndim))
+        y, mean, var = _cs_batch_norm(X.astype(F64), scale, B, epsilon, axes)
+        running = [input_mean * momentum + mean * (1 - momentum), input_var * momentum]
+        running[1] = running[1] + var * (1 - momentum)
+        return [np.maximum(y, 0).astype(X.dtype), *(r.astype(scale.dtype) for r in running)]
+
+    return ref
+
+
+def _bn_relu_grad_ref(epsilon=1e-5):
+    grad = _bn_grad_ref(epsilon)
+
+    def ref(dZ, Z, X, scale, dMean=None, dVar=None):
+        return grad(np.where(Z > 0, dZ, 0), X, scale, dMean, dVar)
+
+    return ref
+
+
+def _relu_of_bn(*shape, dtype=F32):
+    """A (dZ, Z) pair where Z has zeros (Relu's cut) and positive values."""
+    z = np.maximum(rand(*shape, dtype=dtype, seed=8), 0).astype(dtype)
+    return [rand(*shape, dtype=dtype, seed=9), z]
+
+
+_BN_RELU = [
+    OpCase(
+        "BatchNormalizationRelu",
+        _bn_inputs(5, 7, 3, 4),
+        n_outputs=3,
+        domain="dfdl",
+        reference=_bn_relu_ref(),
+        id="f32_4d",
+        **_tol(F32),
+    ),
+    OpCase(
+        "BatchNormalizationRelu",
+        _bn_inputs(5, 7, 6, dtype=F64),
+        attrs={"momentum": 0.7, "epsilon": 1e-3},
+        n_outputs=3,
+        domain="dfdl",
+        reference=_bn_relu_ref(1e-3, 0.7),
+        id="f64_3d_momentum",
+        **_tol(F64),
+    ),
+] + [
+    # the BatchNormalizationGrad cases, with dY replaced by a Relu's (dZ, Z)
+    OpCase(
+        "BatchNormalizationReluGrad",
+        [*_relu_of_bn(*c.inputs[0].shape, dtype=c.inputs[0].dtype), *c.inputs[1:]],
+        attrs=c.attrs,
+        n_outputs=3,
+        domain="dfdl",
+        reference=_bn_relu_grad_ref(c.attrs.get("epsilon", 1e-5)),
+        id=c.id,
+        **_tol(c.inputs[0].dtype.type),
+    )
+    for c in _BN_GRAD
+]
+
+CASES = _BN + _BN_GRAD + _BN_RELU
+
+
+# ---------------------------------------------------------------------- split ops
 
 
 def _axes(x):
@@ -126,7 +300,7 @@ def _grad_apply_5d(z=None) -> OpCase:
     )
 
 
-CASES = [
+CASES += [
     OpCase(
         "BatchNormMoments",
         [X4],

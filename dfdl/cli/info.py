@@ -1,0 +1,137 @@
+"""``dfdl info``: print a model's inputs, outputs, opsets, ops (supported by dfdl or not)
+and parameter size.
+
+Example:
+    .. code-block:: console
+
+        $ dfdl info model.onnx
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Add ``info`` to the ``dfdl`` subcommands (``sub``: ``add_subparsers()``'s result).
+
+    Example:
+        >>> add_parser(Parser(prog="dfdl").add_subparsers())  # doctest: +SKIP
+    """
+    p = sub.add_parser(
+        "info",
+        help="print a model's inputs, outputs, ops (supported or not) and parameters",
+        description="Print MODEL's inputs and outputs with shapes, its opsets, node count, "
+        "a histogram of its ops marked supported or not by dfdl, and its parameter size.",
+    )
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.set_defaults(func=cmd_info)
+    return p
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """``dfdl info``: print a model's inputs, outputs, ops (supported or not) and size.
+
+    Example:
+        >>> main(["info", "mlp.onnx"])  # doctest: +SKIP
+        0
+    """
+    from dfdl.ir.onnx_io import load_model
+
+    print(describe_model(load_model(args.model), title=args.model))
+    return 0
+
+
+def describe_model(model, title: str = "model") -> str:
+    """The text ``dfdl info`` prints for a checked ``onnx.ModelProto``.
+
+    Example:
+        >>> import dfdl.models
+        >>> print(describe_model(dfdl.models.mlp((4, 3))).splitlines()[-1])
+        every op is supported
+    """
+    from collections import Counter
+
+    from dfdl.ir.onnx_io import MAX_OPSET, MIN_OPSET
+    from dfdl.ops import lookup
+    from dfdl.ops.registry import ONNX_DOMAINS
+    from dfdl.plan.estimate import format_bytes
+
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    lines = [f"{title}: producer {model.producer_name or '?'}, ir_version {model.ir_version}"]
+    for o in model.opset_import:
+        domain = o.domain or "ai.onnx"
+        note = ""
+        if o.domain in ONNX_DOMAINS and not MIN_OPSET <= o.version <= MAX_OPSET:
+            note = f"  (unsupported: dfdl reads opsets {MIN_OPSET} to {MAX_OPSET})"
+        lines.append(f"opset: {domain} {o.version}{note}")
+    lines.append("inputs:")
+    lines += [f"  {_value_line(vi)}" for vi in g.input if vi.name not in inits]
+    lines.append("outputs:")
+    lines += [f"  {_value_line(vi)}" for vi in g.output]
+    ops = Counter((n.domain if n.domain not in ONNX_DOMAINS else "", n.op_type) for n in g.node)
+    lines.append(f"nodes: {len(g.node)}")
+    unsupported = []
+    width = max((len(_op_name(d, t)) for d, t in ops), default=0)
+    for (domain, op_type), count in sorted(ops.items()):
+        op = lookup(op_type, domain)
+        mark = "supported" if op is not None else "NOT SUPPORTED"
+        if op is not None and op.fold_only:
+            mark = "supported (constant path, folded at plan time)"
+        if op is None:
+            unsupported.append(_op_name(domain, op_type))
+        lines.append(f"  {_op_name(domain, op_type):{width}s} {count:6d}  {mark}")
+    count, nbytes = _parameter_size(g.initializer)
+    lines.append(
+        f"parameters: {count:,} values in {len(g.initializer)} initializers, {format_bytes(nbytes)}"
+    )
+    if unsupported:
+        lines.append(f"unsupported ops: {', '.join(unsupported)}")
+    else:
+        lines.append("every op is supported")
+    return "\n".join(lines)
+
+
+def _op_name(domain: str, op_type: str) -> str:
+    return f"{domain}.{op_type}" if domain else op_type
+
+
+def _value_line(vi) -> str:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        return f"{vi.name}  (not a tensor)"
+    dtype = _dtype_name(tt.elem_type)
+    if not tt.HasField("shape"):
+        return f"{vi.name}  {dtype}  (shape unknown)"
+    dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in tt.shape.dim]
+    return f"{vi.name}  {dtype}  [{', '.join(map(str, dims))}]"
+
+
+def _dtype_name(elem_type: int) -> str:
+    """numpy's name of an ONNX element type (``float32``), else ONNX's (``bfloat16``)."""
+    import onnx
+    from onnx import helper
+
+    if not elem_type:
+        return "?"
+    try:
+        return str(helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def _parameter_size(initializers) -> tuple[int, int]:
+    """Total element count and bytes of the initializers."""
+    from onnx import helper
+
+    count = nbytes = 0
+    for t in initializers:
+        n = math.prod(t.dims)
+        count += n
+        try:
+            nbytes += n * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        except Exception:  # types numpy lacks (4-bit, strings): the stored size
+            nbytes += len(t.raw_data)
+    return count, nbytes

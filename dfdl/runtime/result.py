@@ -1,0 +1,79 @@
+"""What a training run returns: :class:`TrainResult`.
+
+A :class:`TrainResult` holds the per-step history (loss, spilled bytes, validation
+metrics), the trained parameters, the ONNX model with those parameters as its
+initializers (:func:`trained_model`, which onnxruntime runs), the tiling the run used
+(pass it back as ``tiles=`` to repeat the same plan) and where time went.
+
+Example:
+    >>> result = dfdl.train(model, data=(X, y))  # doctest: +SKIP
+    >>> result.save("trained.onnx")              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+
+@dataclass
+class TrainResult:
+    """What :func:`dfdl.train` returns.
+
+    Attributes:
+        history: ``"loss"``: one float per step, in order; ``"spilled_bytes"`` and
+            ``"unspilled_bytes"``: bytes the workers wrote to and read back from their
+            spill directories, per step (read from the workers at most once a
+            second and shared evenly by the steps in between: their tasks overlap);
+            with validation, ``"val_loss"`` (and ``"val_accuracy"`` for
+            classification) per epoch.
+        model: the ONNX model with the trained initializers (and BatchNorm statistics).
+        params: the trained parameters by name.
+        timings: seconds spent on the client: ``setup_s`` (loading, planning, sending
+            the initial weights), ``graph_s`` (building step graphs), ``submit_s``
+            (handing them to the scheduler), ``wait_s`` (waiting for losses and the
+            final weights; the cluster computes meanwhile), ``total_s``.
+        tiles: the tiling the steps ran with (``{"batch": b, "model": m}``, or
+            "uneven"): the automatic choice, split further where the workers' memory
+            limit required it. Pass it as ``tiles=`` to repeat the same plan.
+        recomputed: the forward nodes whose outputs the backward pass rebuilt instead
+            of keeping (``memory="recompute"``, or what ``"auto"`` chose).
+        rollbacks: how often a lost worker took data Dask could not rebuild with it,
+            so that training went back to the initial weights or the latest
+            checkpoint and replayed the steps since (the result is the same either
+            way; see :mod:`dfdl.runtime.recovery`).
+        fused: whether the steps ran with tasks grouped by the task-graph optimizer
+            (:mod:`dfdl.taskgraph.optimize`: fewer and larger tasks, the same values):
+            off where the plan recomputes or its estimate spills.
+
+    Example:
+        >>> result = dfdl.train(model, data=(X, y))  # doctest: +SKIP
+        >>> result.save("trained.onnx")              # doctest: +SKIP
+    """
+
+    history: dict[str, list] = field(default_factory=dict)
+    model: onnx.ModelProto | None = None
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    tiles: dict[str, int] | str | None = None
+    recomputed: list[str] = field(default_factory=list)
+    rollbacks: int = 0
+    fused: bool = False
+
+    def save(self, path) -> None:
+        """Write the trained model as an ONNX file (onnxruntime runs it)."""
+        onnx.save(self.model, str(path))
+
+
+def trained_model(proto: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``proto`` whose initializers named in ``params`` hold the new values."""
+    out = copy.deepcopy(proto)
+    for t in out.graph.initializer:
+        if t.name in params:
+            t.CopyFrom(numpy_helper.from_array(np.asarray(params[t.name]), t.name))
+    return out

@@ -1,0 +1,222 @@
+"""The task-graph optimizer: one pass over a lowered submission, with explicit options.
+
+:func:`dfdl.taskgraph.lower.lower` makes one Dask task per node tile. Every task costs
+the scheduler and the worker milliseconds, and every dependency a round trip between
+them, so before a submission goes to the cluster :func:`optimize` groups tasks where
+that cannot change a value and the plan allows it:
+
+1. Fusion (:mod:`dfdl.taskgraph.fuse`): a task whose one reader is a single task runs
+   inside it; light tasks, tiny merges and partials follow the finer rules of
+   :class:`~dfdl.taskgraph.fuse.FuseRules`. Only where every step's plan ``fits``
+   (:class:`dfdl.plan.compile.StepPlan`): a fused task holds its members' inputs until it
+   runs, which a plan sized to a per-task memory budget does not count.
+2. On a cluster of one worker process, where tiles never move: each training step runs
+   as one task (:mod:`dfdl.taskgraph.step_tasks`); where a step cannot (its tasks would
+   pass the step budget, or steps would form a cycle), siblings run in gangs and chains
+   (:mod:`dfdl.taskgraph.gang`). On several processes these would pull every tile of a
+   step onto one worker: the tile tasks stay.
+3. Always: data nodes run inside the tasks that read them (:func:`~dfdl.taskgraph.fuse.
+   inline_data`) and large task bodies are pickled once (:mod:`dfdl.taskgraph.pack`).
+
+Every choice is a field of :class:`GraphOptions`; the defaults are the measured best
+(``docs/design/``), and ``bench/ab.py`` measures one field against another.
+
+Example:
+    >>> dsk = optimize(dsk, keep, plans, token=token, nthreads=lambda: [2])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from dfdl.ops import lookup
+from dfdl.plan.compile import StepPlan
+from dfdl.plan.estimate import DASK_TARGET
+from dfdl.plan.tiling import TASK_MEMORY_FRACTION
+from dfdl.taskgraph import gang, step_tasks
+from dfdl.taskgraph.fuse import (
+    LIGHT_BYTES,
+    TINY_BYTES,
+    FuseRules,
+    fuse_into_consumers,
+    inline_data,
+)
+from dfdl.taskgraph.lower import task_name
+from dfdl.taskgraph.pack import pack_bodies
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """The task-graph optimizer's choices (all on: the measured best).
+
+    Attributes:
+        fuse: group tasks at all (fusion, step tasks, gangs) where the plans fit.
+        rules: fusion's finer rules (:class:`~dfdl.taskgraph.fuse.FuseRules`).
+        step_tasks: on one worker process, each training step as one task.
+        gangs: on one worker process, gangs and chains where a step cannot be one task.
+        inline_data: data nodes run inside the tasks that read them.
+        pack: large task bodies are pickled once when the graph is built.
+    """
+
+    fuse: bool = True
+    rules: FuseRules = FuseRules()
+    step_tasks: bool = True
+    gangs: bool = True
+    inline_data: bool = True
+    pack: bool = True
+
+
+def optimize(
+    dsk: dict,
+    keep: Collection[Hashable],
+    plans: Iterable[StepPlan],
+    *,
+    token: str,
+    nthreads: Callable[[], Sequence[int]],
+    options: GraphOptions = GraphOptions(),
+) -> dict:
+    """The submission ``dsk`` with its tasks grouped (see the module docstring).
+
+    Args:
+        dsk: the lowered graph of one submission (``dask.task_spec`` nodes).
+        keep: the requested keys (each stays a key with the same value).
+        plans: the step plans the graph was lowered from (for the size of each node's
+            tasks and which ops are contractions).
+        token: the run token in the graph's keys (:func:`dfdl.taskgraph.lower.new_token`).
+        nthreads: called once, only if tasks are grouped: each worker process's threads.
+        options: which groupings apply.
+
+    Returns:
+        A graph with the same requested keys and values.
+    """
+    plans = list(plans)
+    keep = list(keep)
+    if options.fuse and all(sp.fits for sp in plans):
+        threads = list(nthreads())
+        one_worker = len(threads) == 1
+        dsk = fuse_into_consumers(
+            dsk,
+            keep=keep,
+            stays=_contractions(plans, token),
+            light=_light(plans, token),
+            small=_small_contractions(plans, token),
+            # one worker process only: elsewhere each reader would fetch every tile's
+            # packed output (activation and partial) instead of one merge fetching them
+            tiny=_tiny_outputs(plans, token) if one_worker else None,
+            rules=options.rules,
+        )
+        grouped = None
+        if options.step_tasks and one_worker:
+            grouped = step_tasks.group_steps(
+                dsk,
+                keep=keep,
+                name=lambda s: (task_name(step_tasks.STEP_NAME, token), s),
+                weight=_task_memory(plans, token),
+                budget=_step_budget(plans),
+            )
+        if grouped is not None:
+            dsk = grouped
+        elif options.gangs and one_worker:
+            dsk = gang.gang_siblings(
+                dsk,
+                keep=keep,
+                width=threads[0],
+                fits=_gang_fits(plans, token),
+                joins=_tiny_outputs(plans, token),
+                weight=_task_memory(plans, token),
+                budget=_chain_budget(plans, threads[0]),
+            )
+    if options.inline_data:
+        dsk = inline_data(dsk, keep=keep)
+    if options.pack:
+        dsk = pack_bodies(dsk)
+    return dsk
+
+
+def _node_tasks(plans: list[StepPlan], token: str, pick: Callable) -> Callable:
+    """Whether a task key is a tile task (or partial) of a node for which
+    ``pick(op, node, plan)`` holds."""
+    names = set()
+    for sp in plans:
+        for n in sp.plan.graph.nodes:
+            op = lookup(n.op_type, n.domain)
+            if op is not None and pick(op, n, sp.plan):
+                base = f"{n.name}-{n.phase}"
+                names |= {task_name(base, token), task_name(f"{base}-partial", token)}
+    return lambda key: isinstance(key, tuple) and key[0] in names
+
+
+def _contractions(plans, token: str) -> Callable:
+    """Whether a task key is a contraction's tile task (never fused, dfdl.taskgraph.fuse)."""
+    return _node_tasks(plans, token, lambda op, n, plan: op.contraction)
+
+
+def _within_light_bytes(n, plan) -> bool:
+    """Whether node ``n``'s largest tile task reads and writes at most ``LIGHT_BYTES``."""
+    return plan.task_bytes.get(n.name, LIGHT_BYTES + 1) <= LIGHT_BYTES
+
+
+def _small_contractions(plans, token: str) -> Callable:
+    """Whether a task key is a contraction's tile task whose tile reads and writes at
+    most ``LIGHT_BYTES``: it may run inside a light consumer (:mod:`dfdl.taskgraph.fuse`)."""
+    return _node_tasks(
+        plans, token, lambda op, n, plan: op.contraction and _within_light_bytes(n, plan)
+    )
+
+
+def _light(plans, token: str) -> Callable:
+    """Whether a task key is a light tile task: not a contraction, and its node's largest
+    tile reads and writes at most ``LIGHT_BYTES`` (:mod:`dfdl.taskgraph.fuse`)."""
+    return _node_tasks(
+        plans, token, lambda op, n, plan: not op.contraction and _within_light_bytes(n, plan)
+    )
+
+
+def _gang_fits(plans, token: str) -> Callable:
+    """Whether a task key is a tile task whose node's tiles read and write at most
+    ``LIGHT_BYTES``: it may run in a gang (:mod:`dfdl.taskgraph.gang`)."""
+    return _node_tasks(plans, token, lambda op, n, plan: _within_light_bytes(n, plan))
+
+
+def _tiny_outputs(plans, token: str) -> Callable:
+    """Whether a task key is a tile task of a node whose largest output tile is at most
+    ``TINY_BYTES`` (per-channel sums: :mod:`dfdl.taskgraph.fuse` runs a merge of them
+    inside its readers)."""
+    return _node_tasks(
+        plans,
+        token,
+        lambda op, n, plan: plan.output_bytes.get(n.name, TINY_BYTES + 1) <= TINY_BYTES,
+    )
+
+
+def _task_memory(plans, token: str) -> Callable:
+    """Bytes a task uses (its node's largest tile task, ``Plan.task_memory``)."""
+    sizes: dict = {}
+    for sp in plans:
+        for n in sp.plan.graph.nodes:
+            b = sp.plan.task_memory.get(n.name, 0)
+            base = f"{n.name}-{n.phase}"
+            for name in (task_name(base, token), task_name(f"{base}-partial", token)):
+                sizes[name] = max(sizes.get(name, 0), b)
+    return lambda key: sizes.get(key[0], 0) if isinstance(key, tuple) else 0
+
+
+def _memory_limit(plans) -> int | None:
+    """The smallest worker memory limit the plans were made for (None: no limit)."""
+    return min((sp.plan.memory_limit for sp in plans if sp.plan.memory_limit), default=None)
+
+
+def _chain_budget(plans, threads: int) -> int | None:
+    """The most bytes the tasks of one chain of gangs may use (:mod:`dfdl.taskgraph.gang`):
+    what the planner grants the tasks running at once on one worker's threads."""
+    limit = _memory_limit(plans)
+    return None if limit is None else int(limit * TASK_MEMORY_FRACTION * threads)
+
+
+def _step_budget(plans) -> int | None:
+    """The most bytes the tasks of one step task may use (:mod:`dfdl.taskgraph.step_tasks`):
+    the worker's memory up to Dask's spill target, which the plan's estimate of the
+    whole step already had to fit for the optimizer to group at all."""
+    limit = _memory_limit(plans)
+    return None if limit is None else int(limit * DASK_TARGET)
