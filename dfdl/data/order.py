@@ -39,7 +39,7 @@ def batch_plan(
     """Yield ``(step, epoch, sample indices)`` for every training step from ``start``.
 
     Example:
-        >>> [(s, e, list(i)) for s, e, i in batch_plan(5, 2, shuffle=False)]
+        >>> [(s, e, i.tolist()) for s, e, i in batch_plan(5, 2, shuffle=False)]
         [(0, 0, [0, 1]), (1, 0, [2, 3]), (2, 0, [4])]
     """
     per_epoch = n // batch_size if drop_last else -(-n // batch_size)

@@ -191,18 +191,7 @@ def _geometry_params(geo: Geometry, group) -> dict:
     }
 
 
-def conv_params(
-    X,
-    W,
-    B=None,
-    *,
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
-) -> dict:
+def conv_params(X, W, B=None, *, group=1, **window) -> dict:
     """The Conv kernels' parameters: :func:`conv_geometry`'s kernel, strides, dilations,
     pads and output size (``kernel_shape``, ..., ``out_spatial``) and ``group``.
 
@@ -211,32 +200,10 @@ def conv_params(
         >>> conv_params(x, w, pads=[1, 1, 1, 1], strides=[2, 2])["out_spatial"]
         (3, 3)
     """
-    geo = conv_geometry(
-        X.shape,
-        W.shape,
-        auto_pad=auto_pad,
-        dilations=dilations,
-        kernel_shape=kernel_shape,
-        pads=pads,
-        strides=strides,
-    )
-    return _geometry_params(geo, group)
+    return _geometry_params(conv_geometry(X.shape, W.shape, **window), group)
 
 
-def conv_transpose_params(
-    X,
-    W,
-    B=None,
-    *,
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    output_padding=None,
-    output_shape=None,
-    pads=None,
-    strides=None,
-) -> dict:
+def conv_transpose_params(X, W, B=None, *, group=1, **window) -> dict:
     """The ConvTranspose kernels' parameters: :func:`conv_transpose_geometry` as
     :func:`conv_params` gives a Conv's, and ``group``.
 
@@ -245,32 +212,10 @@ def conv_transpose_params(
         >>> conv_transpose_params(x, w, strides=[2, 2])["out_spatial"]
         (7, 7)
     """
-    geo = conv_transpose_geometry(
-        X.shape,
-        W.shape,
-        auto_pad=auto_pad,
-        dilations=dilations,
-        kernel_shape=kernel_shape,
-        output_padding=output_padding,
-        output_shape=output_shape,
-        pads=pads,
-        strides=strides,
-    )
-    return _geometry_params(geo, group)
+    return _geometry_params(conv_transpose_geometry(X.shape, W.shape, **window), group)
 
 
-def conv_grad_input_params(
-    dY,
-    W,
-    *,
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
-    input_shape=None,
-) -> dict:
+def conv_grad_input_params(dY, W, *, group=1, input_shape=None, **window) -> dict:
     """The ConvGradInput kernels' parameters: the forward Conv's geometry (as
     :func:`conv_params`) and ``input_shape``, the shape of dX, as a tuple.
 
@@ -280,30 +225,11 @@ def conv_grad_input_params(
         (1, 2, 3, 3)
     """
     shape = tuple(int(v) for v in input_shape)
-    geo = conv_geometry(
-        shape,
-        W.shape,
-        auto_pad=auto_pad,
-        dilations=dilations,
-        kernel_shape=kernel_shape,
-        pads=pads,
-        strides=strides,
-    )
+    geo = conv_geometry(shape, W.shape, **window)
     return {**_geometry_params(geo, group), "input_shape": shape}
 
 
-def conv_grad_weight_params(
-    X,
-    dY,
-    *,
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
-    weight_shape=None,
-) -> dict:
+def conv_grad_weight_params(X, dY, *, group=1, weight_shape=None, **window) -> dict:
     """The ConvGradWeight kernels' parameters: the forward Conv's geometry (as
     :func:`conv_params`) and ``weight_shape``, the shape of dW, as a tuple.
 
@@ -313,15 +239,7 @@ def conv_grad_weight_params(
         (1, 1)
     """
     wshape = tuple(int(v) for v in weight_shape)
-    geo = conv_geometry(
-        X.shape,
-        wshape,
-        auto_pad=auto_pad,
-        dilations=dilations,
-        kernel_shape=kernel_shape,
-        pads=pads,
-        strides=strides,
-    )
+    geo = conv_geometry(X.shape, wshape, **window)
     return {**_geometry_params(geo, group), "weight_shape": wshape}
 
 

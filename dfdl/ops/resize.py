@@ -417,17 +417,20 @@ def Resize(
     ``dfdl_tile`` is set by the planner, never by a model: this call computes one spatial
     tile of the whole Resize (see :func:`forward_passes`).
     """
-    check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
-    attrs = dict(
+    passes = resize_params(
+        X,
+        roi,
+        scales,
+        sizes,
+        antialias=antialias,
         axes=axes,
-        keep_aspect_ratio_policy=keep_aspect_ratio_policy,
         coordinate_transformation_mode=coordinate_transformation_mode,
+        exclude_outside=exclude_outside,
+        keep_aspect_ratio_policy=keep_aspect_ratio_policy,
         mode=mode,
         nearest_mode=nearest_mode,
-        antialias=antialias,
-        exclude_outside=exclude_outside,
-    )
-    passes = forward_passes(X.shape, roi, scales, sizes, attrs, dfdl_tile)
+        dfdl_tile=dfdl_tile,
+    )["passes"]
     y = X if mode == "nearest" else X.astype(np.float64)
     fill = _saturate(extrapolation_value, X.dtype) if mode == "nearest" else extrapolation_value
     for a, idx, w, outside, n_out in passes:
@@ -587,20 +590,22 @@ def ResizeGrad(
     nearest_mode="round_prefer_floor",
 ):
     """dX of ``Resize(X, roi, scales, sizes)`` given dY; ``input_shape`` is X's shape."""
-    attrs = dict(
-        mode=mode,
-        coordinate_transformation_mode=coordinate_transformation_mode,
-        nearest_mode=nearest_mode,
+    passes = resize_grad_params(
+        dY,
+        roi,
+        scales,
+        sizes,
+        input_shape=input_shape,
         antialias=antialias,
+        axes=axes,
+        coordinate_transformation_mode=coordinate_transformation_mode,
         exclude_outside=exclude_outside,
-    )
-    check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
-    shape = tuple(int(v) for v in input_shape)
-    plan = resize_plan(
-        shape, roi, scales, sizes, axes, keep_aspect_ratio_policy, coordinate_transformation_mode
-    )
+        keep_aspect_ratio_policy=keep_aspect_ratio_policy,
+        mode=mode,
+        nearest_mode=nearest_mode,
+    )["passes"]
     g = dY.astype(np.float64)
-    for a, L, idx, w in adjoint_passes(plan, shape, attrs):
+    for a, L, idx, w in passes:
         # dense (L, n_out) transpose of this axis' interpolation matrix
         m = np.zeros((L, idx.shape[0]))
         np.add.at(m, (idx, np.arange(idx.shape[0])[:, None]), w)

@@ -166,6 +166,7 @@ class TrainingSession:
     """
 
     def __init__(self, model: ModelLike, data, config: TrainConfig, validation=None):
+        t_start = time.perf_counter()
         self.config = config
         self.validation = validation
         self.proto = load_model(model)
@@ -182,6 +183,7 @@ class TrainingSession:
         if not self.model_loss and self.y is None:
             raise DataError(f"loss {config.loss!r} needs labels: pass data=(X, y)")
         self.timings = {"setup_s": 0.0, "graph_s": 0.0, "submit_s": 0.0, "wait_s": 0.0}
+        self._load_s = time.perf_counter() - t_start  # counted in the run's setup time
         self._spilling: dict[int, StepPlan] = {}
         self._chosen: dict[int, StepPlan] = {}
 
@@ -290,9 +292,9 @@ class TrainingSession:
             collector = LossCollector(
                 c, lambda step, v: progress.loss(step, v, collector.total[0]), SpillMeter(c)
             )
-            run = _Run(self, c, on, schedule, feeds, anchor, collector, reporter)
-            run.owned = client is None  # the embedded cluster: dfdl's own processes
-            self.timings["setup_s"] = time.perf_counter() - t_start
+            # client None: the embedded cluster, whose processes are dfdl's own
+            run = _Run(self, c, client is None, on, schedule, feeds, anchor, collector, reporter)
+            self.timings["setup_s"] = self._load_s + time.perf_counter() - t_start
             try:
                 final = run.with_recovery(progress)
             finally:
@@ -328,7 +330,7 @@ class TrainingSession:
             for k, v in run.validated[epoch].items():
                 history.setdefault(f"val_{k}", []).append(v)
         params = {k: final[k] for k in tg.params + tg.buffers}
-        self.timings["total_s"] = time.perf_counter() - t_start
+        self.timings["total_s"] = self._load_s + time.perf_counter() - t_start
         fused = self.config.engine.graph.fuse and all(sp.fits for sp in self._chosen.values())
         return TrainResult(
             history,
@@ -345,9 +347,12 @@ class TrainingSession:
 class _Run:
     """The submission loop of one :meth:`TrainingSession.run` on a connected client."""
 
-    def __init__(self, session, client, workers, schedule, feeds, anchor, collector, reporter):
+    def __init__(
+        self, session, client, owned, workers, schedule, feeds, anchor, collector, reporter
+    ):
         self.session = session
         self.client = client
+        self.owned = owned
         self.workers = workers
         self.schedule = schedule
         self.feeds = feeds
@@ -356,7 +361,6 @@ class _Run:
         self.reporter = reporter
         self.validated: dict[int, dict[str, float]] = {}
         self.rollbacks = 0
-        self.owned = False
         cfg = session.config
         self.first = session.chosen_plan(min(cfg.batch_size, len(session.X)), workers, client)
         self.tg = self.first.tg

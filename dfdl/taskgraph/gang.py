@@ -1,93 +1,28 @@
 """Gangs and chains: a level's sibling tile tasks run as one Dask task, side by side on
 threads, and successive gangs run one after another in that same task.
 
-A training step's tasks come as siblings: the tiles of one node at one level of the
-graph, such as the two batch tiles of a ResNet convolution on a 2-thread worker. On
-one worker process each costs the scheduler and the worker their per-task CPU (about
-2.2 ms on the 2-core development machine, for kernels of 5-10 ms), taken from the same
-cores as the kernels, and each dependency a round trip through the scheduler with
-both threads idle (2.2-4 ms per level there). A *gang* is one task that runs all its
-members at once: one on the task's own thread, the others on the worker's helper
-threads (:func:`run_gang`). A *chain* runs several gangs one after another in one
-task, each reading the one before from memory: the layers of a ResNet stage, or a
-ReLU gradient, the BatchNorm gradient sums that merge its tiles, and the
-convolution's gradients after them. Each reader outside a chain takes its member's
-value (``operator.getitem``) inside its own task. A ResNet step's graph goes from 115
-tasks to 56 (its data tiles included), the U-Net's from 109 to 69 and the
-transformer's from 273 to 199; the MLP's keeps its 58.
+On a cluster of one worker process, the task-graph optimizer
+(:mod:`dfdl.taskgraph.optimize`) runs each training step as one task
+(:mod:`dfdl.taskgraph.step_tasks`); gangs and chains are its fallback where a step cannot
+be one task (its tasks would pass the step's byte budget, or steps would form a cycle
+with the tasks outside them). Measured there, they still win: ResNet's step with step
+tasks off ran 0.708 s with gangs against 0.808 s without (``docs/design/
+gangs-and-chains.md``).
 
-The trainer now runs each whole step as one task on such a cluster
-(:mod:`dfdl.taskgraph.step_tasks`), which measured faster on every benchmark workload; gangs
-and chains are its fallback, where a step's tasks would use more than its byte budget
-or the steps cannot be cut out of the graph (a cycle).
+Contract (:func:`gang_siblings`): the same requested keys with the same values, fewer
+tasks. A *gang* is one task running sibling tiles at once (same node, phase, step and
+topological level, none requested, all light, at most ``width``), one on the task's own
+thread, the others on the worker's helper threads (:func:`run_gang`; :data:`HELPERS`
+threads per process, created when first needed, running kernels at the task threads'
+nice value). A *chain* runs successive gangs in one task, each reading the one before
+from memory, within :data:`MAX_PHASES` gangs and the bytes ``budget``; it follows the
+critical path (``critical_path``) and is cut where a task outside it would wait for its
+end. A reader outside a gang or chain takes its member's value (``operator.getitem``)
+inside its own task. :data:`TRACE` (when a list) records each member's run for the
+benchmarks. Only for one worker process: elsewhere members' inputs would all be
+fetched to one worker.
 
-Siblings form a gang (:func:`gang_siblings`) where
-
-* their keys share the node, phase and step, they sit at the same topological level
-  (so neither reads the other), none is requested, their readers are plain tasks and
-  their nodes' tiles read and write at most ``LIGHT_BYTES`` (the trainer's ``fits``);
-* all of the level's siblings fit in one gang (at most ``width``, the worker's task
-  threads). The MLP's four partial products of one layer are left alone: two gangs of
-  two would run four GEMMs at once on two cores;
-* every input that not all of them read comes from data or from another gang, so all
-  members are ready at about the same time. The MLP's next-step forward tiles read
-  their own weight tile's update, and the updates end tens of ms apart: ganged, the
-  first tile waited for the second's weight (the MLP's step measured 7% slower before
-  this rule, 0.600 against 0.560 s).
-
-A gang joins the chain of the gang it reads one level down (:func:`_chains`) where
-everything else it reads comes from before the chain starts, the chain has fewer than
-:data:`MAX_PHASES` gangs, and the bytes its tasks use (``Plan.task_memory``) stay
-within ``budget`` (the trainer passes what the planner grants a worker's threads at
-once). A lone task with tiny outputs (a merge of per-channel sums; the trainer's
-``joins``) is a gang of one there. A chain is cut where a task outside it reads a
-value of an earlier gang and would hold up work by waiting for the chain's end
-(:func:`_soon`); a BatchNorm's merged moments, kept for the backward pass, can wait,
-and so can a task that reads the chain's last gang, directly or not: it waits for
-the end anyway.
-
-Chains follow the critical path (switch :data:`CRITICAL_PATH`): of the gangs of one
-level that could continue a chain, the one with the longest path of readers to the
-step's end is taken first. ResNet's loss gradient used to continue the forward chain
-with the head's weight gradient, a dead end, and the ReLU gradient that the backward
-pass goes on with began a chain of its own. With both rules a ResNet step's longest
-chain of dependent tasks is 14 instead of 15 (the stem's last gradients now join the
-backward chain before them). ``python bench/ab.py WORKLOAD
-dfdl.taskgraph.gang.CRITICAL_PATH --a False --b True --steps 6 --fresh`` (same losses),
-off against on: ResNet 0.473 against 0.436 s per step (8 rounds) and, swapped, 0.482
-against 0.484 s (8 rounds, a slower hour); U-Net 0.715 against 0.723 s and
-transformer 1.368 against 1.375 s (4 rounds each): within noise but for one run.
-Also exempting a reader of an earlier gang whose own readers wait for the last gang
-anyway made chains longer still but measured slower (0.439 against 0.469 s): the
-partner tile of the stem's gradient sums then waited for the chain's end. Letting a
-gang join the last link of a chain at its own level (a shortcut convolution beside
-the block's first, the merged moments beside the next convolution) cut the chains on
-ResNet's critical path from 14 to about 6 and the time with both threads idle from
-16% to 8%, but not the step (0.448 against 0.443 s, 8 rounds): the time with one
-thread idle rose from 18% to 24%, so it stays out.
-
-The helpers are :data:`HELPERS` threads per worker process (one fewer than its task
-threads, set by the worker preload), created when first needed. A member is run by
-whichever thread claims it first, the gang's own thread or a helper, so a gang never
-waits behind a helper busy with another gang's member. The helpers run kernels at the
-task threads' nice value (:func:`dfdl.taskgraph.tile_exec.run_tile` sets it per thread).
-
-Only on a cluster of one worker process, and only where the trainer fuses tasks (the
-step's estimate fits in memory): on several workers the members' inputs would all be
-fetched to one worker and the siblings' tiles could not spread; a beyond-memory plan
-sizes each task to a budget that a chain would exceed.
-
-``python bench/ab.py WORKLOAD dfdl.taskgraph.gang.GANG --a False --b True --steps 6
---rounds 4 --fresh`` (alternating fresh embedded clusters on the 2-core AMD
-development machine, 2026-11-26, the same losses in both arms), A without, B with
-gangs and chains: ResNet 0.585 against 0.444 s per step (its first rounds shared the
-CPU with a short script; in a quiet run, ``dfdl.taskgraph.gang.MAX_PHASES --a 1 --b 8``:
-0.518 against 0.446 s), U-Net 0.773 against 0.694 s, transformer 1.417 against 1.315
-s, MLP 0.600 against 0.597 s. Gangs alone (``MAX_PHASES`` 1) against neither: ResNet
-0.501 against 0.489 s and 0.513 against 0.481 s (6 rounds), U-Net 0.772 against
-0.741 s, transformer 1.441 against 1.388 s. Running tiny merges at the end of the gang
-that produces their partials, without chains, measured slower (ResNet 0.518 against
-0.529 s): dropped.
+Measurements: ``docs/design/gangs-and-chains.md``, ``docs/design/critical-path-chains.md``.
 
 Example:
     >>> from dask.task_spec import Task, TaskRef

@@ -1,41 +1,25 @@
 """One Dask task per training step on a one-process worker: the step's tile tasks run
 in dependency order on the worker's threads, with no scheduler round trip between them.
 
-On a cluster of one worker process every tile of a step already lives in that process,
-and each dependency between two of its tasks still costs a round trip through the
-scheduler. On the 2-core development machine one such hop took about 4 ms from a
-task's end to the start of its reader (measured on ResNet's chains: 0.6 ms until the
-worker notes the result, 0.9 ms to the scheduler, 0.2 ms there, 1.3-1.8 ms back to the
-worker and 1 ms until the reader's thread starts), while both threads often had
-nothing else to run; and every task cost the worker's and the scheduler's event loops
-about 3 ms of CPU, taken from the same two cores as the kernels. Gangs and chains
-(:mod:`dfdl.taskgraph.gang`) cut a ResNet step from 114 tasks to 49, and its longest chain
-of hops from 39 to 14.
+On one worker process every tile of a step already lives in that process, yet each
+dependency between two tasks still costs a round trip through the scheduler (about 4 ms
+on the 2-core development machine) and each task milliseconds of event-loop CPU on the
+cores the kernels need. :func:`group_steps` makes all plain tasks of a step one task,
+:func:`run_local`, which runs them on its own thread and the worker's gang helper
+threads: a tile starts as soon as the tiles it reads are computed, the one with the
+longest path of readers ahead first (the critical path first; weight gradients and
+updates fill the gaps). A value is dropped after its last reader in the step, unless a
+task outside the step or the caller reads it: those are the task's outputs, taken by
+``operator.getitem`` inside their readers and as tasks of their own for requested keys.
 
-:func:`group_steps` goes the rest of the way: all plain tasks of a step become one
-Dask task, :func:`run_local`, which runs them on its own thread and the worker's gang
-helper threads. A tile task starts as soon as the tiles it reads are computed (no
-barrier between levels, unlike a chain's gangs), the one with the longest path of
-readers still ahead of it first, so the critical path goes first and work off it
-(weight gradients, optimizer updates) fills the gaps. A value is dropped as soon as
-its last reader in the step has run, unless a task outside the step or the caller
-reads it: those values are the task's outputs, taken by ``operator.getitem`` inside
-their readers and as tasks of their own for requested keys.
+Contract: the same requested keys with the same values; None where no step can be one
+task (no step has two tasks within ``budget``, or the steps would form a cycle with the
+tasks left outside them), and the optimizer then falls back to gangs
+(:mod:`dfdl.taskgraph.gang`). A member's exception is raised on the step task's thread
+after the running members finish; it never hangs. Every member's run is recorded in
+:data:`dfdl.taskgraph.gang.TRACE` when the benchmarks trace.
 
-Dask still schedules the steps, holds the weights between submissions and reports
-every tile task in the benchmarks' traces (:data:`dfdl.taskgraph.gang.TRACE`). Where the
-steps would form a cycle with the tasks left outside them (a step reads a value
-computed outside it from one of its own), nothing is grouped and the trainer runs
-gangs and chains instead; it does the same where a step's tasks would use more than
-``budget`` bytes together. The trainer groups steps only where it fuses at all: the
-plan's estimate of a step fits in the worker's memory without spilling.
-
-``python bench/ab.py WORKLOAD dfdl.taskgraph.step_tasks.STEP_TASKS --a False --b True
---steps 6 --fresh`` on the 2-core development machine (A: gangs and chains; the same
-losses in both arms), seconds per step: ResNet 0.436 against 0.332 (6 rounds), U-Net
-0.733 against 0.615, transformer 1.497 against 1.106, MLP 0.612 against 0.580 (4 rounds
-each). On ResNet the Dask worker's and scheduler's CPU per step fell from 0.146 to
-0.048 s and the cores' idle time from 16% to 3% (``bench/run.py``, runs 26h and 26i).
+Measurements: ``docs/design/step-tasks.md``.
 
 Example:
     >>> from dask.task_spec import Alias, Task, TaskRef
