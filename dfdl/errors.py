@@ -31,10 +31,13 @@ class UnsupportedOpError(DfdlError, NotImplementedError):
     """An op type, domain, opset, attribute value or dtype dfdl does not support.
 
     Attributes:
-        op_type: the ONNX op type.
-        node: the node's name.
+        op_type: the ONNX op type (the first one, where several are unsupported).
+        node: the node's name (the first node of that op).
         domain: the op's domain ("" for the default ONNX domain).
         opset: the opset version the model imports for that domain.
+        ops: where ops are missing from dfdl: each of the model's unsupported ops
+            (``"Det"``, ``"com.example.Frob"`` outside the default domain) -> the names
+            of all the nodes that use it, in graph order; empty otherwise.
     """
 
     def __init__(
@@ -45,12 +48,14 @@ class UnsupportedOpError(DfdlError, NotImplementedError):
         node: str = "",
         domain: str = "",
         opset: int | None = None,
+        ops: dict[str, list[str]] | None = None,
     ) -> None:
         super().__init__(message)
         self.op_type = op_type
         self.node = node
         self.domain = domain
         self.opset = opset
+        self.ops = dict(ops or {})
 
 
 class ShapeError(DfdlError, ValueError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 
@@ -40,34 +42,67 @@ def _close_backend_cluster():
     close_embedded()
 
 
+def _outcomes(terminalreporter, file: str):
+    """(outcome, nodeid) of each test of ``file`` that ran (its call) or was skipped."""
+    for outcome in ("passed", "failed", "skipped"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(rep, "nodeid", "")
+            if file in nodeid and (rep.when == "call" or outcome == "skipped"):
+                yield outcome, nodeid
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Print, per tiling, how many ONNX node tests ran and passed, and how many cases
-    were not collected (ops or opsets dfdl does not cover; excluded with a reason)."""
-    reports = [
-        r
-        for outcome in ("passed", "failed", "skipped")
-        for r in terminalreporter.stats.get(outcome, [])
-    ]
-    if any("test_backend_nodes.py" in getattr(r, "nodeid", "") for r in reports):
-        from tests.test_backend_nodes import LEFT_OUT
+    """Print, per tiling, how many ONNX node tests ran and passed (and how many of them
+    were converted from an opset older than 13), how many cases were not collected (ops
+    dfdl does not cover; excluded with a reason), and for each of ONNX's model suites
+    (tests/test_backend_suites.py) its pass/total and why the rest did not run."""
+    nodes = list(_outcomes(terminalreporter, "test_backend_nodes.py"))
+    old: set[str] = set()
+    if nodes:
+        from tests.test_backend_nodes import LEFT_OUT, SELECTED_OLD_OPSET
 
         for tiling, left in LEFT_OUT.items():
             terminalreporter.write_line(
                 f"ONNX node cases not collected ({tiling} tiling): {left['not covered']} whose "
-                f"ops or opsets dfdl does not cover, {left['excluded']} excluded with a reason "
+                f"ops or domains dfdl does not cover, {left['excluded']} excluded with a reason "
                 "(tests/test_backend_nodes.py: EXCLUDED)"
             )
+        old = {f"::{name}_cpu" for name in SELECTED_OLD_OPSET}
     for tiling in ("default", "uneven"):
-        counts = {"passed": 0, "failed": 0, "skipped": 0}
-        for outcome in counts:
-            for rep in terminalreporter.stats.get(outcome, []):
-                nodeid = getattr(rep, "nodeid", "")
-                if "test_backend_nodes.py" in nodeid and f"_{tiling}::" in nodeid:
-                    if rep.when == "call" or outcome == "skipped":
-                        counts[outcome] += 1
+        counts = Counter(o for o, nodeid in nodes if f"_{tiling}::" in nodeid)
+        converted = Counter(
+            o for o, nodeid in nodes if f"_{tiling}::" in nodeid and nodeid.endswith(tuple(old))
+        )
         ran = counts["passed"] + counts["failed"]
         if ran or counts["skipped"]:
             terminalreporter.write_line(
                 f"ONNX node tests ({tiling} tiling): {ran} ran, {counts['passed']} passed, "
-                f"{counts['failed']} failed, {counts['skipped']} skipped"
+                f"{counts['failed']} failed, {counts['skipped']} skipped; of them "
+                f"{converted['passed'] + converted['failed']} older than opset 13 (converted "
+                f"at load), {converted['passed']} passed"
             )
+    suites = list(_outcomes(terminalreporter, "test_backend_suites.py::test_suite_case["))
+    if suites:
+        from tests.test_backend_suites import EXCLUDED_CASES, SUITES, TOTALS
+        from tests.test_backend_suites import LEFT_OUT as LACKING
+
+        # test ids: "suite/case/tiling"
+        runs = Counter()
+        for o, nodeid in suites:
+            suite, _, tiling = nodeid.split("[", 1)[1].rstrip("]").rsplit("/", 2)
+            runs[suite, tiling, o] += 1
+        for suite in SUITES:
+            lacking = Counter(op for ops in LACKING[suite].values() for op in ops)
+            why = ", ".join(f"{op} {n}" for op, n in lacking.most_common())
+            for tiling in ("default", "uneven"):
+                count = {o: runs[suite, tiling, o] for o in ("passed", "failed", "skipped")}
+                if not sum(count.values()):
+                    continue
+                terminalreporter.write_line(
+                    f"ONNX {suite} suite ({tiling} tiling): {count['passed']}/{TOTALS[suite]} "
+                    f"passed, {count['failed']} failed, {count['skipped']} skipped; not run: "
+                    f"{len(LACKING[suite])} using ops dfdl lacks"
+                    + (f" (cases per op: {why})" if why else "")
+                    + f", {len(EXCLUDED_CASES[suite])} excluded with a reason "
+                    "(tests/test_backend_suites.py: EXCLUDED)"
+                )

@@ -1,5 +1,6 @@
-"""``dfdl info``: print a model's inputs, outputs, opsets, ops (supported by dfdl or not)
-and parameter size.
+"""``dfdl info``: print a model's inputs, outputs, opsets (and the opset it was converted
+from), ops (supported by dfdl or not, with the nodes of each unsupported op) and
+parameter size.
 
 Example:
     .. code-block:: console
@@ -23,7 +24,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "info",
         help="print a model's inputs, outputs, ops (supported or not) and parameters",
         description="Print MODEL's inputs and outputs with shapes, its opsets, node count, "
-        "a histogram of its ops marked supported or not by dfdl, and its parameter size.",
+        "a histogram of its ops marked supported or not by dfdl (with the nodes of each "
+        "unsupported op), and its parameter size. A model older than opset 13 is described "
+        "as dfdl reads it: converted to opset 13 with onnx.version_converter.",
     )
     p.add_argument("model", metavar="MODEL.onnx")
     p.set_defaults(func=cmd_info)
@@ -33,18 +36,33 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def cmd_info(args: argparse.Namespace) -> int:
     """``dfdl info``: print a model's inputs, outputs, ops (supported or not) and size.
 
+    A model older than opset 13 is described as dfdl reads it: converted to opset 13
+    (or as written, with the reason, when the conversion fails).
+
     Example:
         >>> main(["info", "mlp.onnx"])  # doctest: +SKIP
         0
     """
-    from dfdl.ir.onnx_io import load_model
+    from dfdl.errors import ModelError
+    from dfdl.ir.onnx_io import convert_opset, load_model
 
-    print(describe_model(load_model(args.model), title=args.model))
+    model = load_model(args.model, convert=False)
+    failure = ""
+    try:
+        model = convert_opset(model)
+    except ModelError as e:
+        failure = str(e)
+    print(describe_model(model, title=args.model, conversion_failure=failure))
     return 0
 
 
-def describe_model(model, title: str = "model") -> str:
+def describe_model(model, title: str = "model", conversion_failure: str = "") -> str:
     """The text ``dfdl info`` prints for a checked ``onnx.ModelProto``.
+
+    Args:
+        model: the model (converted by :func:`dfdl.ir.onnx_io.convert_opset` or not).
+        title: the first line's name for it.
+        conversion_failure: why converting it to opset 13 failed, printed last.
 
     Example:
         >>> import dfdl.models
@@ -53,7 +71,9 @@ def describe_model(model, title: str = "model") -> str:
     """
     from collections import Counter
 
-    from dfdl.ir.onnx_io import MAX_OPSET, MIN_OPSET
+    from dfdl.ir.bind import describe_unsupported, unsupported_ops
+    from dfdl.ir.graph import Node
+    from dfdl.ir.onnx_io import MAX_OPSET, MIN_OPSET, converted_from
     from dfdl.ops import lookup
     from dfdl.ops.registry import ONNX_DOMAINS
     from dfdl.plan.estimate import format_bytes
@@ -61,11 +81,17 @@ def describe_model(model, title: str = "model") -> str:
     g = model.graph
     inits = {t.name for t in g.initializer}
     lines = [f"{title}: producer {model.producer_name or '?'}, ir_version {model.ir_version}"]
+    old = converted_from(model)
     for o in model.opset_import:
         domain = o.domain or "ai.onnx"
         note = ""
-        if o.domain in ONNX_DOMAINS and not MIN_OPSET <= o.version <= MAX_OPSET:
-            note = f"  (unsupported: dfdl reads opsets {MIN_OPSET} to {MAX_OPSET})"
+        if o.domain in ONNX_DOMAINS:
+            if o.version > MAX_OPSET:
+                note = f"  (unsupported: dfdl reads opsets up to {MAX_OPSET})"
+            elif o.version < MIN_OPSET:
+                note = f"  (older than {MIN_OPSET}: dfdl converts it to opset {MIN_OPSET})"
+            elif old is not None:
+                note = f"  (converted from opset {old} with onnx.version_converter)"
         lines.append(f"opset: {domain} {o.version}{note}")
     lines.append("inputs:")
     lines += [f"  {_value_line(vi)}" for vi in g.input if vi.name not in inits]
@@ -73,24 +99,29 @@ def describe_model(model, title: str = "model") -> str:
     lines += [f"  {_value_line(vi)}" for vi in g.output]
     ops = Counter((n.domain if n.domain not in ONNX_DOMAINS else "", n.op_type) for n in g.node)
     lines.append(f"nodes: {len(g.node)}")
-    unsupported = []
     width = max((len(_op_name(d, t)) for d, t in ops), default=0)
     for (domain, op_type), count in sorted(ops.items()):
         op = lookup(op_type, domain)
         mark = "supported" if op is not None else "NOT SUPPORTED"
         if op is not None and op.fold_only:
             mark = "supported (constant path, folded at plan time)"
-        if op is None:
-            unsupported.append(_op_name(domain, op_type))
         lines.append(f"  {_op_name(domain, op_type):{width}s} {count:6d}  {mark}")
     count, nbytes = _parameter_size(g.initializer)
     lines.append(
         f"parameters: {count:,} values in {len(g.initializer)} initializers, {format_bytes(nbytes)}"
     )
+    # nodes named as dfdl.ir.onnx_io.to_ir names them (and UnsupportedOpError lists them)
+    nodes = [
+        Node(n.name or f"{n.op_type}_{i}", n.op_type, [], [], {}, n.domain)
+        for i, n in enumerate(g.node)
+    ]
+    unsupported = unsupported_ops(nodes)
     if unsupported:
-        lines.append(f"unsupported ops: {', '.join(unsupported)}")
+        lines.append(f"unsupported ops: {describe_unsupported(unsupported)}")
     else:
         lines.append("every op is supported")
+    if conversion_failure:
+        lines.append(f"not converted: {conversion_failure}")
     return "\n".join(lines)
 
 

@@ -5,7 +5,8 @@ node whose inputs are all known at plan time (``Shape`` of a static tensor, ``Co
 shape arithmetic, ``Reshape`` targets built by ``Concat``...) is replaced by an
 initializer, and each remaining node is checked against the registry: op supported,
 attributes accepted, shape-parameter inputs constant. Everything raises a ``dfdl``
-error naming the node before any task exists.
+error naming the node before any task exists; ops missing from the registry are
+refused first, all of them in one :class:`UnsupportedOpError` (:func:`unsupported_ops`).
 
 Example:
     >>> import dfdl.models
@@ -18,20 +19,25 @@ Example:
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 from functools import cache
 
 import numpy as np
 
 from dfdl.errors import DfdlError, ModelError, ShapeError, UnsupportedOpError
 from dfdl.ir.graph import Graph, Node
+from dfdl.ir.onnx_io import node_list
+from dfdl.ir.sequences import is_sequence_op, lower_sequences
 from dfdl.ops import REGISTRY, lookup
-from dfdl.ops.registry import OpDef, TensorType
+from dfdl.ops.registry import ONNX_DOMAINS, OpDef, TensorType
 
 #: constant folding stops at outputs this large (they stay ordinary tiled nodes)
 FOLD_LIMIT_BYTES = 64 * 2**20
 #: inputs of which only the static type is read (Shape's data, CastLike's target_type):
 #: they never make a node runtime-dependent, and their runtime values are never needed
 TYPE_ONLY_INPUTS = {"Shape": (0,), "Size": (0,), "CastLike": (1,)}
+#: ops with subgraph attributes (control flow), none of which dfdl runs
+CONTROL_FLOW = ("If", "Loop", "Scan")
 
 
 def supported_ops() -> list[str]:
@@ -45,6 +51,53 @@ def _accepted_attrs(forward) -> tuple[frozenset[str], bool]:
     if any(p.kind == p.VAR_KEYWORD for p in params):
         return frozenset(), True
     return frozenset(p.name for p in params if p.kind == p.KEYWORD_ONLY), False
+
+
+def unsupported_ops(nodes: Iterable[Node]) -> dict[str, list[str]]:
+    """Every op of ``nodes`` that dfdl's registry lacks -> the names of the nodes using it.
+
+    Ops outside the default domain are named ``"domain.Op"``; ops and nodes are in graph
+    order.
+
+    Example:
+        >>> nodes = [Node("d0", "Det", ["x"], ["y"]), Node("r", "Relu", ["y"], ["z"])]
+        >>> unsupported_ops(nodes + [Node("d1", "Det", ["z"], ["w"])])
+        {'Det': ['d0', 'd1']}
+    """
+    out: dict[str, list[str]] = {}
+    for n in nodes:
+        if lookup(n.op_type, n.domain) is None and not is_sequence_op(n):
+            key = n.op_type if n.domain in ONNX_DOMAINS else f"{n.domain}.{n.op_type}"
+            out.setdefault(key, []).append(n.name)
+    return out
+
+
+def describe_unsupported(ops: dict[str, list[str]]) -> str:
+    """``unsupported_ops``' result as one line: each op with its first nodes and count.
+
+    Example:
+        >>> describe_unsupported({"Det": ["d0"], "Unique": ["u0", "u1", "u2", "u3"]})
+        "'Det' (node 'd0'); 'Unique' (4 nodes: 'u0', 'u1', 'u2' and 1 more)"
+    """
+    return "; ".join(f"{op!r} ({node_list(names)})" for op, names in ops.items())
+
+
+def _unsupported_error(graph: Graph, ops: dict[str, list[str]]) -> UnsupportedOpError:
+    first = next(
+        n for n in graph.nodes if lookup(n.op_type, n.domain) is None and not is_sequence_op(n)
+    )
+    count = f"{len(ops)} ops of the model are" if len(ops) > 1 else "1 op of the model is"
+    flow = sorted({op for op in ops if op in CONTROL_FLOW})
+    note = f" ({'/'.join(flow)}: dfdl does not support control flow.)" if flow else ""
+    return UnsupportedOpError(
+        f"{count} not supported by dfdl (default-domain opset {graph.opset}): "
+        f"{describe_unsupported(ops)}.{note} Supported ops: {', '.join(supported_ops())}.",
+        op_type=first.op_type,
+        node=first.name,
+        domain=first.domain,
+        opset=graph.opset,
+        ops=ops,
+    )
 
 
 def check_node(node: Node, opset: int | None = None) -> OpDef:
@@ -137,7 +190,9 @@ def bind(
     Raises:
         ShapeError: an input is missing or does not match its declaration, or an op's
             shape rule rejects its input shapes.
-        UnsupportedOpError: an op, attribute or runtime-dependent shape is unsupported.
+        UnsupportedOpError: an op, attribute or runtime-dependent shape is unsupported;
+            ops missing from dfdl are listed all at once, with their nodes
+            (its ``ops`` attribute).
     """
     g = graph.copy()
     missing = [n for n in g.inputs if n not in input_types]
@@ -150,6 +205,9 @@ def bind(
         raise ShapeError(
             f"unknown input(s) {unknown}; the model's inputs are {g.inputs}", name=unknown[0]
         )
+    missing_ops = unsupported_ops(g.nodes)
+    if missing_ops:
+        raise _unsupported_error(g, missing_ops)
     symbols: dict[str, int] = {}
     for name in g.inputs:
         _check_input(name, g.declared.get(name, (None, None)), input_types[name], symbols)
@@ -158,7 +216,8 @@ def bind(
     for k, v in consts.items():
         g.types[k] = TensorType(v.shape, v.dtype)
     kept: list[Node] = []
-    for node in g.nodes:
+    # sequence ops become tensor ops here, where their inputs' shapes are known
+    for node in lower_sequences(g.nodes, g, consts, values):
         op = check_node(node, g.opset)
         ins = [None if not i else g.types.get(i) for i in node.inputs]
         for name, t in zip(node.inputs, ins):

@@ -60,6 +60,8 @@ class Graph:
             dimensions ("batch") or None for unknown ones.
         opset: default-domain opset version the model was written for.
         producer: ONNX producer name, kept for export.
+        constants: float initializers the file marks as not being parameters (see
+            :func:`dfdl.ir.onnx_io.exporter_constants`); they never train.
     """
 
     name: str = "graph"
@@ -71,6 +73,7 @@ class Graph:
     declared: dict[str, tuple[tuple, np.dtype]] = field(default_factory=dict)
     opset: int = 21
     producer: str = ""
+    constants: frozenset[str] = frozenset()
 
     def copy(self) -> Graph:
         """A copy that shares the (read-only) initializer arrays."""

@@ -1,9 +1,12 @@
 """ONNX in and out: load (path, bytes or ModelProto), check, convert to the IR and back.
 
 Loading is strict and safe: a truncated or invalid file, a failing ``onnx.checker``, an
-opset outside the supported range, an unsupported dtype, or an external-data location
-that is absolute, contains ``..`` or leaves the model's folder (also through a symlink)
-is a :class:`dfdl.errors.ModelError` or :class:`~dfdl.errors.UnsupportedOpError`.
+opset newer than the installed onnx knows, an unsupported dtype, or an external-data
+location that is absolute, contains ``..`` or leaves the model's folder (also through a
+symlink) is a :class:`dfdl.errors.ModelError` or :class:`~dfdl.errors.UnsupportedOpError`.
+A model written for a default-domain opset older than :data:`MIN_OPSET` is converted to
+it with ``onnx.version_converter`` (:func:`convert_opset`); the converted model records
+the opset it was written for (:func:`converted_from`).
 
 Example:
     >>> import dfdl.models
@@ -15,24 +18,26 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, version_converter
 
 from dfdl.errors import ModelError, UnsupportedOpError
-from dfdl.ir.canonical import canonicalize_node
+from dfdl.ir.canonical import canonicalize_node, complete_conversion
 from dfdl.ir.graph import Graph, Node
 from dfdl.ops.registry import ONNX_DOMAINS
 
-#: default-domain opsets dfdl reads (13 is the oldest whose op semantics it implements)
+#: default-domain opsets dfdl reads (13 is the oldest whose op semantics it implements);
+#: older models are converted to it at load (:func:`convert_opset`)
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
-#: domains dfdl knows besides the default one
-KNOWN_DOMAINS = ("dfdl", "ai.onnx.ml", "ai.onnx.preview.training")
+#: ``metadata_props`` key of a converted model: the default-domain opset it was written for
+CONVERTED_FROM = "dfdl.converted_from_opset"
 
 #: numpy-native element types dfdl tiles carry
 _SUPPORTED_ELEM_TYPES = {
@@ -103,21 +108,27 @@ def _check_external_locations(model: onnx.ModelProto, base: Path) -> None:
             )
 
 
-def load_model(model: ModelLike) -> onnx.ModelProto:
+def load_model(model: ModelLike, *, convert: bool = True) -> onnx.ModelProto:
     """Read and check a model from a path, bytes or a ModelProto.
 
     Args:
         model: path to an ``.onnx`` file (external data beside it is read), the file's
             bytes, or an ``onnx.ModelProto``.
+        convert: convert a model older than opset :data:`MIN_OPSET` to it
+            (:func:`convert_opset`); with False, return it as written.
 
     Returns:
-        The checked ModelProto with external data loaded.
+        The checked ModelProto with external data loaded (a converted copy, which
+        :func:`converted_from` recognizes, when it was converted).
 
     Raises:
-        ModelError: unreadable, truncated or invalid model, or unsafe external data.
+        ModelError: unreadable, truncated or invalid model, unsafe external data, or an
+            old opset that ``onnx.version_converter`` cannot convert.
 
     Example:
         >>> m = load_model("model.onnx")  # doctest: +SKIP
+        >>> converted_from(m)  # doctest: +SKIP
+        9
     """
     if isinstance(model, onnx.ModelProto):
         proto = model
@@ -155,17 +166,122 @@ def load_model(model: ModelLike) -> onnx.ModelProto:
             onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as e:
         raise ModelError(f"the model fails onnx.checker: {str(e).strip()}") from e
-    return proto
+    return convert_opset(proto) if convert else proto
 
 
-def _attr_value(a: onnx.AttributeProto, node: str, op: str) -> Any:
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    opsets = {o.domain: o.version for o in model.opset_import}
+    return opsets.get("", opsets.get("ai.onnx"))
+
+
+def converted_from(model: onnx.ModelProto) -> int | None:
+    """The default-domain opset a model converted by :func:`convert_opset` was written
+    for, or None when it was not converted.
+
+    Example:
+        >>> converted_from(load_model("alexnet-opset9.onnx"))  # doctest: +SKIP
+        9
+    """
+    for p in model.metadata_props:
+        if p.key == CONVERTED_FROM:
+            return int(p.value)
+    return None
+
+
+def convert_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A model older than default-domain opset :data:`MIN_OPSET`, converted to it with
+    ``onnx.version_converter``; any other model unchanged.
+
+    The converted copy records the opset it was written for in its ``metadata_props``
+    (:func:`converted_from`) and is checked again; its IR version is raised to the
+    oldest one opset :data:`MIN_OPSET` allows (the converter keeps the file's, and
+    IR versions below 4 forbid the initializers it adds), and what the converter leaves
+    in an older form is rewritten (:func:`dfdl.ir.canonical.complete_conversion`).
+
+    Raises:
+        ModelError: the converter has no adapter for an op of the model, or fails
+            otherwise; the message names the op and its nodes.
+
+    Example:
+        >>> old = onnx.load("squeezenet-opset9.onnx")  # doctest: +SKIP
+        >>> [o.version for o in convert_opset(old).opset_import]  # doctest: +SKIP
+        [13]
+    """
+    version = _default_opset(model)
+    if version is None or version >= MIN_OPSET:
+        return model
+    try:
+        out = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # the converter raises RuntimeError, ValidationError, InferenceError
+        raise ModelError(_conversion_failure(model, version, e)) from e
+    out.ir_version = max(
+        out.ir_version, helper.find_min_ir_version_for(list(out.opset_import), True)
+    )
+    complete_conversion(out, version)
+    try:
+        if out.ByteSize() < 2**31 - 1:
+            onnx.checker.check_model(out)
+    except onnx.checker.ValidationError as e:
+        raise ModelError(
+            f"onnx.version_converter converted the model from opset {version} to "
+            f"{MIN_OPSET}, but the result fails onnx.checker: {str(e).strip()}. Re-export "
+            f"the model at opset {MIN_OPSET} or newer (torch.onnx.export(..., "
+            "opset_version=18))."
+        ) from e
+    kept = [p for p in out.metadata_props if p.key != CONVERTED_FROM]
+    del out.metadata_props[:]
+    out.metadata_props.extend(kept)
+    out.metadata_props.add(key=CONVERTED_FROM, value=str(version))
+    return out
+
+
+def _conversion_failure(model: onnx.ModelProto, version: int, e: Exception) -> str:
+    """What failed in ``onnx.version_converter`` (op, nodes, why) and what to do."""
+    # the converter's message is a C++ assertion: drop the source location before it
+    detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    detail = re.sub(r"^.*?Assertion `.*?` failed: ", "", detail)
+    nodes: dict[str, list[str]] = {}
+    for i, n in enumerate(model.graph.node):
+        if n.domain in ONNX_DOMAINS:
+            nodes.setdefault(n.op_type, []).append(n.name or f"{n.op_type}_{i}")
+    m = re.search(r"No Adapter (?:From|To) Version \$(\d+) for (\w+)", detail)
+    ops = [m.group(2)] if m else [op for op in nodes if re.search(rf"\b{op}\b", detail)]
+    named = "; ".join(f"{op} ({node_list(nodes.get(op, []))})" for op in ops)
+    if m:
+        what = f"it has no adapter that takes {named} past opset {m.group(1)}"
+    elif ops:
+        what = f"it failed at {named}: {detail}"
+    else:
+        what = f"it failed: {detail}"
+    fix = f", or rewrite the {'/'.join(ops)} nodes in their opset-{MIN_OPSET} form" if ops else ""
+    return (
+        f"cannot convert the model from default-domain opset {version} to {MIN_OPSET} (the "
+        f"oldest dfdl reads) with onnx.version_converter: {what}. Re-export the model at "
+        f"opset {MIN_OPSET} or newer (torch.onnx.export(..., opset_version=18)){fix}."
+    )
+
+
+def node_list(names: list[str], shown: int = 3) -> str:
+    """Nodes named for a message: the first ``shown`` and a count of the rest.
+
+    Example:
+        >>> node_list(["a"]), node_list(["a", "b", "c", "d", "e"])
+        ("node 'a'", "5 nodes: 'a', 'b', 'c' and 2 more")
+    """
+    if not names:
+        return "no node"
+    listed = ", ".join(repr(n) for n in names[:shown])
+    if len(names) == 1:
+        return f"node {listed}"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} nodes: {listed}{more}"
+
+
+def _attr_value(a: onnx.AttributeProto) -> Any:
     if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise UnsupportedOpError(
-            f"node {node!r} ({op}) has a subgraph attribute {a.name!r}; "
-            "dfdl does not support control flow (If/Loop/Scan).",
-            op_type=op,
-            node=node,
-        )
+        # kept as protos: no registry op takes a subgraph, so binding lists the node's
+        # op (If/Loop/Scan) among the unsupported ones
+        return a.g if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
     if a.type == onnx.AttributeProto.TENSOR:
         return numpy_helper.to_array(a.t)
     v = helper.get_attribute_value(a)
@@ -184,7 +300,7 @@ def _default_attrs(op_type: str, opset: int, domain: str) -> dict[str, Any]:
     out = {}
     for name, a in schema.attributes.items():
         if a.default_value.type != onnx.AttributeProto.UNDEFINED:
-            out[name] = _attr_value(a.default_value, "", op_type)
+            out[name] = _attr_value(a.default_value)
     return out
 
 
@@ -210,16 +326,25 @@ def _declared(vi: onnx.ValueInfoProto) -> tuple[tuple, np.dtype]:
 
 
 def model_opset(model: onnx.ModelProto) -> int:
-    """The default-domain opset the model imports, checked against the supported range."""
-    opsets = {o.domain: o.version for o in model.opset_import}
-    version = opsets.get("", opsets.get("ai.onnx"))
+    """The default-domain opset the model imports, checked against the range dfdl reads
+    (:data:`MIN_OPSET` after :func:`convert_opset`, to the newest the installed onnx
+    knows)."""
+    version = _default_opset(model)
     if version is None:
         raise ModelError("the model imports no default-domain (ai.onnx) opset")
-    if not MIN_OPSET <= version <= MAX_OPSET:
+    if version > MAX_OPSET:
         raise UnsupportedOpError(
-            f"the model uses default-domain opset {version}; dfdl supports opsets "
-            f"{MIN_OPSET} to {MAX_OPSET}. Re-export it (torch.onnx.export(..., "
-            "opset_version=18)) or convert it with onnx.version_converter.",
+            f"the model uses default-domain opset {version}, newer than the newest the "
+            f"installed onnx {onnx.__version__} knows ({MAX_OPSET}); dfdl reads opsets up to "
+            f"{MAX_OPSET}. Upgrade onnx, or re-export the model at opset {MAX_OPSET} or "
+            "older (torch.onnx.export(..., opset_version=18)).",
+            opset=version,
+        )
+    if version < MIN_OPSET:
+        raise UnsupportedOpError(
+            f"the model uses default-domain opset {version}; dfdl reads opsets "
+            f"{MIN_OPSET} to {MAX_OPSET}: convert it first (convert_opset, or load it with "
+            "load_model, which does).",
             opset=version,
         )
     return version
@@ -228,14 +353,23 @@ def model_opset(model: onnx.ModelProto) -> int:
 def to_ir(model: onnx.ModelProto) -> Graph:
     """Convert a checked ModelProto to dfdl's IR (canonical, latest-opset form).
 
-    Nodes get unique names (``f"{op_type}_{i}"`` where the file has none), attributes
-    get their schema defaults, and older-opset forms are rewritten to the latest one
-    (for example ReduceMean's ``axes`` attribute becomes its second input).
+    A model older than opset :data:`MIN_OPSET` is converted first (:func:`convert_opset`;
+    :func:`load_model` has already done so). Nodes get unique names (``f"{op_type}_{i}"``
+    where the file has none), attributes get their schema defaults, and older-opset
+    forms are rewritten to the latest one (for example ReduceMean's ``axes`` attribute
+    becomes its second input). Nodes of ops dfdl lacks (other domains, control flow)
+    are kept: :func:`dfdl.ir.bind.bind` lists them all in one UnsupportedOpError.
     """
+    model = convert_opset(model)
     opset = model_opset(model)
     domains = {o.domain: o.version for o in model.opset_import}
     g = model.graph
-    graph = Graph(name=g.name or "graph", opset=opset, producer=model.producer_name)
+    graph = Graph(
+        name=g.name or "graph",
+        opset=opset,
+        producer=model.producer_name,
+        constants=frozenset(exporter_constants(model)),
+    )
     for t in g.initializer:
         dtype = np_dtype(t.data_type, f"initializer {t.name!r}")
         graph.initializers[t.name] = numpy_helper.to_array(t).astype(dtype, copy=False)
@@ -258,20 +392,52 @@ def to_ir(model: onnx.ModelProto) -> Graph:
             name = f"{name}_{i}"
         used.add(name)
         domain = "" if n.domain in ONNX_DOMAINS else n.domain
-        if domain and domain not in KNOWN_DOMAINS:
-            raise UnsupportedOpError(
-                f"node {name!r} uses op {n.op_type!r} of domain {n.domain!r}, which dfdl "
-                "does not support (only the default ONNX domain and 'dfdl').",
-                op_type=n.op_type,
-                node=name,
-                domain=n.domain,
-            )
         version = domains.get(n.domain, opset) if domain else opset
         attrs = _default_attrs(n.op_type, version, n.domain)
-        attrs.update({a.name: _attr_value(a, name, n.op_type) for a in n.attribute})
+        attrs.update({a.name: _attr_value(a) for a in n.attribute})
         node = Node(name, n.op_type, list(n.input), list(n.output), attrs, domain)
         graph.nodes.extend(canonicalize_node(node, version, graph))
     return graph
+
+
+#: the metadata key torch's exporter puts on the value of each parameter and buffer
+TORCH_INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+
+
+def exporter_constants(model: onnx.ModelProto) -> list[str]:
+    """Float initializers that torch's exporter lifted from constants, not parameters.
+
+    torch's exporter marks the value of every parameter and buffer with
+    :data:`TORCH_INPUT_KIND`; its optimizer (``optimize=True``, the default) also stores
+    constants as initializers: a GELU's ``0.5`` and exponent ``3.0`` (whose gradient,
+    ``x**3 * log(x)``, is NaN for negative ``x``), a causal mask of ``-3.4e38``. In a file
+    that has the marks, an unmarked float initializer that is a scalar or holds a
+    non-finite or ``+-finfo.max`` value is such a constant. Unmarked tensors (a
+    transposed weight, ``val_12``) stay trainable; files without the marks give ``[]``.
+
+    Example:
+        >>> exporter_constants(onnx.load("gpt2.onnx"))  # doctest: +SKIP
+        ['val_7', 'val_154', 'val_198', 'val_160']
+    """
+    g = model.graph
+    marked = {
+        vi.name
+        for vi in (*g.input, *g.value_info)
+        if any(p.key == TORCH_INPUT_KIND for p in vi.metadata_props)
+    }
+    if not marked:
+        return []
+    out = []
+    for t in g.initializer:
+        if t.name in marked or t.data_type not in _FLOAT_ELEM_TYPES:
+            continue
+        a = numpy_helper.to_array(t)
+        if a.size <= 1 or not np.all(np.abs(a) < np.finfo(a.dtype).max):
+            out.append(t.name)
+    return out
+
+
+_FLOAT_ELEM_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
 
 def _value_info(name: str, shape, dtype) -> onnx.ValueInfoProto:

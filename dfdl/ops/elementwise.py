@@ -26,7 +26,9 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -102,6 +104,8 @@ def _checked(rule, op: str, kinds: str | None = None, same_dtype: bool = True):
 
     def shape(inputs, consts, **attrs):
         present = [t for t in inputs if t is not None]
+        if not present:
+            raise ShapeError(f"{op} needs at least one input", given=[])
         dtype = present[0].dtype
         if kinds is not None and dtype.kind not in kinds:
             raise ShapeError(f"{op} does not accept {dtype} inputs", name="input 0")
@@ -168,8 +172,27 @@ class Value:
     def __truediv__(self, other: Value) -> Value:
         return self._op("Div", other)
 
+    def __add__(self, other: Value) -> Value:
+        return self._op("Add", other)
+
     def __neg__(self) -> Value:
         return self._op("Neg")
+
+    def abs(self) -> Value:
+        """|self| (an Abs node)."""
+        return self._op("Abs")
+
+    def sigmoid(self) -> Value:
+        """1 / (1 + e ** -self) (a Sigmoid node)."""
+        return self._op("Sigmoid")
+
+    def equal(self, other: Value) -> Value:
+        """Whether self == other, elementwise (an Equal node: a bool value)."""
+        return self._op("Equal", other)
+
+    def where(self, a: Value, b: Value) -> Value:
+        """``a`` where this bool value is true, else ``b`` (a Where node)."""
+        return self._op("Where", a, b)
 
     def exp(self) -> Value:
         """e ** self (an Exp node)."""
@@ -252,6 +275,67 @@ def _sigmoid(X):
         return np.where(X >= 0, 1 / (1 + e), e / (1 + e))
 
 
+def _wide(X: np.ndarray) -> np.ndarray:
+    """X, in float32 if it is float16 (so that a formula rounds once, at the end)."""
+    return X.astype(np.float32) if X.dtype == np.float16 else X
+
+
+def _softplus(X):
+    """log(1 + exp(X)), as max(X, 0) + log1p(exp(-|X|)): no overflow for large X."""
+    return np.logaddexp(0, _wide(X))
+
+
+def _softsign(X):
+    """X / (1 + |X|)."""
+    return X / (1 + np.abs(X))
+
+
+def _mish(X):
+    """X * tanh(softplus(X))."""
+    x = _wide(X)
+    return x * np.tanh(np.logaddexp(0, x))
+
+
+def _hard_swish(X):
+    """X * HardSigmoid(X) with alpha = 1/6, beta = 1/2, written as torch's kernel computes
+    it (x * clamp(x + 3, 0, 6) / 6), so training rounds as torch does."""
+    x = _wide(X)
+    return x * np.clip(x + 3, 0, 6) / 6
+
+
+def _fold(ufunc: np.ufunc) -> Callable[..., np.ndarray]:
+    """The variadic op of a binary ufunc: ``ufunc`` applied left to right."""
+
+    def fn(*xs):
+        return functools.reduce(ufunc, xs)
+
+    return fn
+
+
+def _mean(*xs):
+    """The sum of the inputs (left to right, in their dtype) over their count."""
+    return functools.reduce(np.add, xs) / len(xs)
+
+
+def _softsign_grad(dy, x, y):
+    """dy / (1 + |x|) ** 2."""
+    d = x.abs() + x.const(1, "one")
+    return dy / (d * d)
+
+
+def _extreme_grad(dy, *xs_y):
+    """Max's and Min's gradient: each input holding the output's value at a position gets
+    an equal share of dy there (torch.amax's rule over the stacked inputs; for two inputs
+    it is torch.maximum's: dy / 2 each at a tie), the other inputs get 0."""
+    *xs, y = xs_y
+    if len(xs) == 1:
+        return (dy,)
+    one, zero = dy.const(1, "one"), dy.const(0, "zero")
+    hits = [x.equal(y).where(one, zero) for x in xs]
+    share = dy / functools.reduce(operator.add, hits)
+    return tuple(share * h for h in hits)
+
+
 # fmt: off
 #: The ops that are one numpy function of their inputs. Gradients: ``dy`` is the output's
 #: gradient, then come the inputs and the output ``y``.
@@ -262,6 +346,13 @@ TABLE: tuple[Elementwise, ...] = (
     Elementwise("Mul",        np.multiply,    NUMERIC, lambda dy, a, b, y: (dy * b, dy * a)),
     # d(a / b) / db = -(a / b) / b: the output times the first gradient, negated
     Elementwise("Div",        _divide,        NUMERIC, lambda dy, a, b, y: (g := dy / b, -(g * y))),
+    # variadic (one or more inputs, broadcast together): Sum and Mean spread dy to every
+    # input; Max and Min give it to the inputs that hold the extreme (ties share it)
+    Elementwise("Sum",        _fold(np.add),  FLOAT,   lambda dy, *xs_y: (dy,) * (len(xs_y) - 1)),
+    Elementwise("Mean",       _mean,          FLOAT,   lambda dy, *xs_y:
+                (dy / dy.const(len(xs_y) - 1, "count"),) * (len(xs_y) - 1)),
+    Elementwise("Max",        _fold(np.maximum), NUMERIC, _extreme_grad),
+    Elementwise("Min",        _fold(np.minimum), NUMERIC, _extreme_grad),
     # unary math
     Elementwise("Sqrt",       np.sqrt,        FLOAT,   lambda dy, x, y:
                 dy * dy.const(0.5, "half") / y, quiet="invalid"),  # NaN below 0
@@ -271,6 +362,10 @@ TABLE: tuple[Elementwise, ...] = (
     Elementwise("Abs",        np.abs,         NUMERIC, lambda dy, x, y: dy * x.sign()),
     # -1, 0 or 1 (NaN stays NaN); its derivative is 0 almost everywhere
     Elementwise("Sign",       np.sign,        NUMERIC, None),
+    # rounding to integral values (Round: halves to even): no gradient, as Sign
+    Elementwise("Floor",      np.floor,       FLOAT,   None),
+    Elementwise("Ceil",       np.ceil,        FLOAT,   None),
+    Elementwise("Round",      np.round,       FLOAT,   None),
     Elementwise("Exp",        np.exp,         FLOAT,   lambda dy, x, y: dy * y, quiet="over"),
     Elementwise("Log",        np.log,         FLOAT,   lambda dy, x, y: dy / x,
                 quiet="divide invalid"),  # -inf at 0, NaN below
@@ -280,11 +375,24 @@ TABLE: tuple[Elementwise, ...] = (
     Elementwise("Relu",       _relu,          SIGNED,  lambda dy, x, y: dy.dfdl("ReluGrad", y)),
     Elementwise("Sigmoid",    _sigmoid,       FLOAT,   lambda dy, x, y: dy.dfdl("SigmoidGrad", y)),
     Elementwise("Tanh",       np.tanh,        FLOAT,   lambda dy, x, y: dy.dfdl("TanhGrad", y)),
+    Elementwise("Softplus",   _softplus,      FLOAT,   lambda dy, x, y: dy * x.sigmoid()),
+    Elementwise("Softsign",   _softsign,      FLOAT,   _softsign_grad, quiet="invalid"),
+    # -inf * 0 gives NaN at -inf, as in torch
+    Elementwise("Mish",       _mish,          FLOAT,   lambda dy, x, y: dy.dfdl("MishGrad", x),
+                quiet="invalid"),
+    Elementwise("HardSwish",  _hard_swish,    FLOAT,   lambda dy, x, y:
+                dy.dfdl("HardSwishGrad", x), quiet="invalid"),
     # comparisons and logic: bool outputs, no gradient
     Elementwise("Equal",      np.equal,       None,    None, dtype=np.bool_),
     Elementwise("Less",       np.less,        NUMERIC, None, dtype=np.bool_),
     Elementwise("Greater",    np.greater,     NUMERIC, None, dtype=np.bool_),
+    Elementwise("LessOrEqual",    np.less_equal,    NUMERIC, None, dtype=np.bool_),
+    Elementwise("GreaterOrEqual", np.greater_equal, NUMERIC, None, dtype=np.bool_),
+    Elementwise("IsNaN",      np.isnan,       FLOAT,   None, dtype=np.bool_),
     Elementwise("Not",        np.logical_not, "b",     None, dtype=np.bool_),
+    Elementwise("And",        np.logical_and, "b",     None, dtype=np.bool_),
+    Elementwise("Or",         np.logical_or,  "b",     None, dtype=np.bool_),
+    Elementwise("Xor",        np.logical_xor, "b",     None, dtype=np.bool_),
     # the input itself (tiles are never written in place, so no copy is needed)
     Elementwise("Identity",   np.asarray,     None,    lambda dy, x, y: dy),
 )
@@ -440,6 +548,230 @@ def Gelu(X, *, approximate="none"):
 def _gelu_vjp(b, node, dys):
     approximate = node.attrs.get("approximate", "none")
     return [b.op("GeluGrad", [dys[0], node.inputs[0]], {"approximate": approximate}, domain="dfdl")]
+
+
+# ------------------------------------- HardSigmoid, Elu, Selu, Celu, ThresholdedRelu
+
+
+def hard_sigmoid_params(*inputs, alpha=0.2, beta=0.5) -> dict:
+    """The HardSigmoid and ``dfdl.HardSigmoidGrad`` kernels' parameters: ``alpha`` and
+    ``beta`` as floats.
+
+    Example:
+        >>> hard_sigmoid_params(np.ones(3, np.float32), alpha=0.25)
+        {'alpha': 0.25, 'beta': 0.5}
+    """
+    return {"alpha": float(alpha), "beta": float(beta)}
+
+
+@register(
+    "HardSigmoid",
+    shape=_checked(same_shape, "HardSigmoid", FLOAT),
+    tile=elementwise_tile,
+    params=hard_sigmoid_params,
+)
+def HardSigmoid(X, *, alpha=0.2, beta=0.5):
+    """max(0, min(1, alpha * X + beta)), in X's dtype."""
+    t = X.dtype.type
+    return _arr(np.clip(X * t(alpha) + t(beta), 0, 1), X.dtype)
+
+
+@defvjp("HardSigmoid")
+def _hard_sigmoid_vjp(b, node, dys):
+    attrs = hard_sigmoid_params(**node.attrs)
+    return [b.op("HardSigmoidGrad", [dys[0], node.inputs[0]], attrs, domain="dfdl")]
+
+
+def _alpha_nonzero(op: str):
+    """The shape rule of a float unary op whose ``alpha`` divides (Celu)."""
+    check = _checked(same_shape, op, FLOAT)
+
+    def shape(inputs, consts, *, alpha=1.0):
+        if alpha == 0:
+            raise UnsupportedOpError(f"{op} needs a nonzero alpha", op_type=op)
+        return check(inputs, consts)
+
+    return shape
+
+
+def _elu(X, alpha: float, scale: float):
+    """scale * X above 0, scale * alpha * (exp(X) - 1) at and below (expm1: exact near 0),
+    with float16 computed in float32."""
+    x = _wide(X)
+    t = x.dtype.type
+    neg = t(alpha) * np.expm1(np.minimum(x, 0))  # exp of the negative part only: no overflow
+    return _arr(t(scale) * np.where(x > 0, x, neg), X.dtype)
+
+
+@register("Elu", shape=_checked(same_shape, "Elu", FLOAT), tile=elementwise_tile)
+def Elu(X, *, alpha=1.0):
+    """X for X > 0, alpha * (exp(X) - 1) below."""
+    return _elu(X, alpha, 1.0)
+
+
+#: Selu's default attributes (the spec's float32 values)
+_SELU_ALPHA, _SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
+
+
+@register("Selu", shape=_checked(same_shape, "Selu", FLOAT), tile=elementwise_tile)
+def Selu(X, *, alpha=_SELU_ALPHA, gamma=_SELU_GAMMA):
+    """gamma * X for X > 0, gamma * alpha * (exp(X) - 1) below."""
+    return _elu(X, alpha, gamma)
+
+
+@register("Celu", shape=_alpha_nonzero("Celu"), tile=elementwise_tile)
+def Celu(X, *, alpha=1.0):
+    """max(0, X) + min(0, alpha * (exp(X / alpha) - 1))."""
+    x = _wide(X)
+    t = x.dtype.type
+    with np.errstate(over="ignore"):  # a negative alpha makes X / alpha large
+        neg = t(alpha) * np.expm1(np.minimum(x, 0) / t(alpha))
+    return _arr(np.where(x > 0, x, neg), X.dtype)
+
+
+def _elu_grad(b, node, dys, alpha: float, scale: float = 1.0, input_scale: float = 1.0):
+    """The ``dfdl.EluGrad`` node of an ELU-family node (torch's elu_backward)."""
+    attrs = {"alpha": alpha, "scale": scale, "input_scale": input_scale}
+    return [b.op("EluGrad", [dys[0], node.inputs[0]], attrs, domain="dfdl")]
+
+
+@defvjp("Elu")
+def _elu_vjp(b, node, dys):
+    return _elu_grad(b, node, dys, float(node.attrs.get("alpha", 1.0)))
+
+
+@defvjp("Selu")
+def _selu_vjp(b, node, dys):
+    alpha = float(node.attrs.get("alpha", _SELU_ALPHA))
+    return _elu_grad(b, node, dys, alpha, scale=float(node.attrs.get("gamma", _SELU_GAMMA)))
+
+
+@defvjp("Celu")
+def _celu_vjp(b, node, dys):
+    alpha = float(node.attrs.get("alpha", 1.0))
+    return _elu_grad(b, node, dys, alpha, input_scale=1.0 / alpha)
+
+
+@register(
+    "ThresholdedRelu", shape=_checked(same_shape, "ThresholdedRelu", FLOAT), tile=elementwise_tile
+)
+def ThresholdedRelu(X, *, alpha=1.0):
+    """X for X > alpha, else 0."""
+    return _arr(np.where(X > X.dtype.type(alpha), X, 0), X.dtype)
+
+
+@defvjp("ThresholdedRelu")
+def _thresholded_relu_vjp(b, node, dys):
+    alpha = float(node.attrs.get("alpha", 1.0))
+    x, dy = node.inputs[0], dys[0]
+    if alpha >= 0:
+        # the output is > 0 exactly where X > alpha: ReluGrad of the output, as for Relu
+        return [b.op("ReluGrad", [dy, node.outputs[0]], domain="dfdl")]
+    above = b.op("Greater", [x, _const(b, alpha, x, "alpha")])
+    return [b.op("Where", [above, dy, _const(b, 0, x, "zero")])]
+
+
+# ------------------------------------------------------------------------------ PRelu
+
+#: the dtypes PRelu-16 allows that numpy holds
+_PRELU_TYPES = frozenset(
+    np.dtype(t)
+    for t in (np.float16, np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64)
+)
+
+
+def _prelu_shape(inputs, consts, **attrs):
+    x, slope = inputs
+    if x.dtype not in _PRELU_TYPES:
+        raise ShapeError(f"PRelu does not accept {x.dtype} inputs", name="X")
+    if slope.dtype != x.dtype:
+        raise ShapeError(
+            f"PRelu needs a slope of X's dtype {x.dtype}, got {slope.dtype}", name="slope"
+        )
+    try:
+        out = broadcast_types(x, slope)
+    except ValueError:
+        out = None
+    if out != x.shape:
+        raise ShapeError(
+            f"PRelu: slope shape {slope.shape} does not broadcast to X's shape {x.shape} "
+            "(unidirectional broadcasting)",
+            name="slope",
+            expected=x.shape,
+            given=slope.shape,
+        )
+    return [x]
+
+
+@register("PRelu", shape=_prelu_shape, tile=elementwise_tile)
+def PRelu(X, slope):
+    """X for X >= 0, slope * X below (slope broadcasts to X)."""
+    return _arr(np.where(X < 0, X * slope, X), X.dtype)
+
+
+@defvjp("PRelu")
+def _prelu_vjp(b, node, dys):
+    x, slope = node.inputs
+    dy = dys[0]
+    if not _f(b, x):
+        return [None, None]
+    # torch: X gets dy above 0 and slope * dy at and below; the slope gets X * dy below
+    zero = _const(b, 0, x, "zero")
+    above = b.op("Greater", [x, zero])
+    gx = b.op("Where", [above, dy, b.op("Mul", [dy, slope])])
+    gslope = b.op("Where", [above, zero, b.op("Mul", [dy, x])])
+    return [gx, gslope]
+
+
+# ------------------------------------------------------------------------ IsInf, Mod
+
+
+@register(
+    "IsInf",
+    shape=_checked(broadcast_bool, "IsInf", FLOAT),
+    tile=elementwise_tile,
+    differentiable=False,
+)
+def IsInf(X, *, detect_negative=1, detect_positive=1):
+    """Whether X is infinite, counting -inf only if ``detect_negative``, +inf only if
+    ``detect_positive``."""
+    inf = np.isinf(X)
+    if not detect_negative:
+        inf &= X > 0
+    if not detect_positive:
+        inf &= X < 0
+    return inf
+
+
+def _mod_shape(inputs, consts, *, fmod=0):
+    if fmod not in (0, 1):
+        raise UnsupportedOpError(f"Mod needs fmod 0 or 1, got {fmod}", op_type="Mod")
+    return _checked(broadcast_shape, "Mod", NUMERIC)(inputs, consts)
+
+
+@register("Mod", shape=_mod_shape, tile=elementwise_tile)
+def Mod(A, B, *, fmod=0):
+    """A - floor(A / B) * B (the sign of B; Python's %), or with ``fmod=1`` A - trunc(A / B)
+    * B (the sign of A; C's fmod). numpy's remainder and fmod give exactly the spec's
+    special values (NaN for infinite A or zero float B...); an integer B of 0 gives 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _arr(np.fmod(A, B) if fmod else np.remainder(A, B), A.dtype)
+
+
+@defvjp("Mod")
+def _mod_vjp(b, node, dys):
+    a, bb = node.inputs
+    dy = dys[0]
+    if not _f(b, a):
+        return [None, None]
+    # torch: A gets dy; B gets -dy times the quotient A / B rounded as the op rounds it
+    q = b.op("Div", [a, bb])
+    if node.attrs.get("fmod", 0):
+        below = b.op("Less", [q, _const(b, 0, a, "zero")])
+        q = b.op("Where", [below, b.op("Ceil", [q]), b.op("Floor", [q])])
+    else:
+        q = b.op("Floor", [q])
+    return [dy, b.op("Neg", [b.op("Mul", [dy, q])])]
 
 
 # -------------------------------------------------------------------- Clip, Where
@@ -698,6 +1030,72 @@ def GeluGrad(dY, X, *, approximate="none"):
         else:  # Phi(x) + x * phi(x)
             d = 0.5 * erfc(-x * _INV_SQRT2) + x * (np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
     return _arr(dY * d.astype(dY.dtype, copy=False), dY.dtype)
+
+
+@register(
+    "HardSwishGrad",
+    domain="dfdl",
+    shape=_grad_shape("HardSwishGrad"),
+    tile=elementwise_tile,
+    differentiable=False,
+)
+def HardSwishGrad(dY, X):
+    """dY * d HardSwish(X) / dX as torch's hardswish_backward: 0 at and below -3, dY at
+    and above 3, dY * (X / 3 + 1/2) between; from the HardSwish's input X."""
+    t = dY.dtype.type
+    mid = dY * (X / t(3) + t(0.5))
+    return _arr(np.where(X <= -3, t(0), np.where(X < 3, mid, dY)), dY.dtype)
+
+
+@register(
+    "HardSigmoidGrad",
+    domain="dfdl",
+    shape=_grad_shape("HardSigmoidGrad"),
+    tile=elementwise_tile,
+    differentiable=False,
+    params=hard_sigmoid_params,
+)
+def HardSigmoidGrad(dY, X, *, alpha=0.2, beta=0.5):
+    """dY * alpha where 0 < alpha * X + beta < 1 (torch's hardsigmoid_backward: 0 at the
+    kinks), else 0; from the HardSigmoid's input X."""
+    t = dY.dtype.type
+    v = X * t(alpha) + t(beta)
+    return _arr(np.where((v > 0) & (v < 1), dY * t(alpha), t(0)), dY.dtype)
+
+
+@register(
+    "EluGrad",
+    domain="dfdl",
+    shape=_grad_shape("EluGrad"),
+    tile=elementwise_tile,
+    differentiable=False,
+)
+def EluGrad(dY, X, *, alpha=1.0, scale=1.0, input_scale=1.0):
+    """The gradient of torch's ELU family, ``scale * X`` above 0 and ``scale * alpha *
+    (exp(X * input_scale) - 1)`` at and below (Elu; Selu: scale = gamma; Celu:
+    input_scale = 1 / alpha): dY * scale above 0, dY * scale * alpha * input_scale *
+    exp(X * input_scale) at and below; from the op's input X, float16 in float32."""
+    x, dy = _wide(X), _wide(dY)
+    t = x.dtype.type
+    with np.errstate(over="ignore"):
+        slope = t(scale * alpha * input_scale) * np.exp(np.minimum(x, 0) * t(input_scale))
+    return _arr(dy * np.where(x > 0, t(scale), slope), dY.dtype)
+
+
+@register(
+    "MishGrad",
+    domain="dfdl",
+    shape=_grad_shape("MishGrad"),
+    tile=elementwise_tile,
+    differentiable=False,
+)
+def MishGrad(dY, X):
+    """dY * (t + X * sigmoid(X) * (1 - t**2)) with t = tanh(softplus(X)) (torch's
+    mish_backward), from the Mish's input X; float16 in float32."""
+    x, dy = _wide(X), _wide(dY)
+    t = np.tanh(np.logaddexp(0, x))
+    with np.errstate(invalid="ignore"):  # inf * 0 at X = +-inf
+        return _arr(dy * (t + x * _sigmoid(x) * (1 - t * t)), dY.dtype)
 
 
 def clip_grad_params(dY, X, min=None, max=None) -> dict:

@@ -1,14 +1,20 @@
 """Layout ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split, Slice,
-Expand, Gather, and the backward ops ``dfdl.SliceGrad`` and ``dfdl.GatherGrad``.
+Expand, Gather, Tile, DepthToSpace, SpaceToDepth, and the backward ops ``dfdl.SliceGrad``
+and ``dfdl.GatherGrad``.
 
 These move or select elements without arithmetic. An axis is tiled (gets a letter)
 only where the op maps the elements of each tile to one tile of the output on its
-own; axes that are cut, joined, sliced or indexed are never split (".").
+own; axes that are cut, joined, sliced or indexed are never split ("."). Tile also
+splits a repeated axis of size 1 (each tile repeats the element as often as it is
+long); SpaceToDepth's output rows and columns, and DepthToSpace's output channels in
+CRD mode, read the input slab they come from (a window).
 
 VJPs move ``dY`` back: the inverse reshape/transpose, Split for Concat and Concat for
 Split, a scatter into zeros for Slice (SliceGrad) and a scatter-add for Gather
 (GatherGrad, whose index axes are contracted so batch tiles give partial gradients).
 Expand returns ``dY`` as is: the autodiff driver sums it down to the input's shape.
+Tile sums ``dY`` over the repeats (Reshape, ReduceSum); DepthToSpace and SpaceToDepth
+are each other's gradient in the same mode.
 
 Example:
     >>> from dfdl.ops import REGISTRY
@@ -452,6 +458,144 @@ def Gather(data, indices, *, axis=0):
     return np.asarray(np.take(data, indices.astype(np.int64, copy=False), axis=ax))
 
 
+# ---------------------------------------------------------------- Tile
+
+
+def _repeats(shape: tuple[int, ...], repeats) -> list[int]:
+    r = _ints(repeats)
+    if len(r) != len(shape):
+        raise ShapeError(f"Tile: {len(r)} repeats for an input of rank {len(shape)}")
+    if any(n < 0 for n in r):
+        raise ShapeError(f"Tile: negative repeats {r}")
+    return r
+
+
+def _tile_shape(inputs, consts, **attrs):
+    data = inputs[0]
+    r = _repeats(data.shape, consts[1])
+    return [TensorType(tuple(d * n for d, n in zip(data.shape, r, strict=True)), data.dtype)]
+
+
+def _tile_tile(ctx: TileContext) -> TileSpec:
+    shape = ctx.inputs[0].shape
+    r = _repeats(shape, ctx.consts[1])
+    names = letters(len(shape))
+    # an axis repeated once maps tile to tile; a size-1 axis repeated is a broadcast one
+    # (each tile repeats its one element as often as the tile is long); other repeated
+    # axes are whole
+    tiled = [n == 1 or d == 1 for d, n in zip(shape, r, strict=True)]
+    spec = "".join(ch if t else "." for ch, t in zip(names, tiled, strict=True))
+
+    def adjust(attrs, consts, out_regions):
+        region = out_regions[0]
+        reps = [s.stop - s.start if d == 1 else n for s, d, n in zip(region, shape, r, strict=True)]
+        return attrs, {**consts, 1: np.array(reps, np.int64)}
+
+    return TileSpec(inputs=(spec, None), outputs=(spec,), adjust=adjust)
+
+
+@register("Tile", shape=_tile_shape, tile=_tile_tile, const_inputs=(1,))
+def Tile(input, repeats):
+    """Repeat ``input`` ``repeats[i]`` times along each axis ``i`` (numpy.tile)."""
+    input = np.asarray(input)
+    return np.tile(input, _repeats(input.shape, repeats))
+
+
+# ---------------------------------------------------------------- DepthToSpace / SpaceToDepth
+
+_BLOCK_MODES = ("DCR", "CRD")
+
+
+def _block(op: str, shape: tuple[int, ...], blocksize, mode: str) -> int:
+    """The checked blocksize of a DepthToSpace/SpaceToDepth on an input of ``shape``."""
+    if mode not in _BLOCK_MODES:
+        raise ModelError(f"{op}: mode {mode!r} is not one of {', '.join(_BLOCK_MODES)}")
+    if blocksize is None or int(blocksize) < 1:
+        raise ModelError(f"{op}: attribute 'blocksize' must be a positive integer")
+    if len(shape) != 4:
+        raise ShapeError(f"{op}: input must be 4-D (N, C, H, W), got shape {shape}")
+    bs = int(blocksize)
+    if op == "DepthToSpace" and shape[1] % (bs * bs):
+        raise ShapeError(f"DepthToSpace: channels {shape[1]} are not a multiple of {bs}^2")
+    if op == "SpaceToDepth" and (shape[2] % bs or shape[3] % bs):
+        raise ShapeError(f"SpaceToDepth: H, W {shape[2:]} are not multiples of {bs}")
+    return bs
+
+
+def _depth_to_space_shape(inputs, consts, *, blocksize=None, mode="DCR", **attrs):
+    x = inputs[0]
+    bs = _block("DepthToSpace", x.shape, blocksize, mode)
+    n, c, h, w = x.shape
+    return [TensorType((n, c // (bs * bs), h * bs, w * bs), x.dtype)]
+
+
+def _depth_to_space_tile(ctx: TileContext) -> TileSpec:
+    bs = _block(
+        "DepthToSpace",
+        ctx.inputs[0].shape,
+        ctx.attrs.get("blocksize"),
+        ctx.attrs.get("mode", "DCR"),
+    )
+    if ctx.attrs.get("mode", "DCR") == "DCR":
+        # output channel c comes from the strided input channels (i * bs + j) * C' + c
+        return TileSpec(inputs=("n...",), outputs=("n...",))
+    # CRD: output channels [lo, hi) come from input channels [lo * bs^2, hi * bs^2); an
+    # output row tile need not start on a block, so the spatial axes are whole
+    b2 = bs * bs
+    return TileSpec(
+        inputs=("nc..",), outputs=("nc..",), windows={(0, 1): lambda lo, hi: (lo * b2, hi * b2)}
+    )
+
+
+@register("DepthToSpace", shape=_depth_to_space_shape, tile=_depth_to_space_tile)
+def DepthToSpace(input, *, blocksize=None, mode="DCR"):
+    """Move channel blocks into ``blocksize`` x ``blocksize`` spatial blocks (DCR: depth,
+    column, row order of the channels; CRD: column, row, depth)."""
+    input = np.asarray(input)
+    bs = _block("DepthToSpace", input.shape, blocksize, mode)
+    n, c, h, w = input.shape
+    if mode == "DCR":
+        tmp = input.reshape(n, bs, bs, c // (bs * bs), h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        tmp = input.reshape(n, c // (bs * bs), bs, bs, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return tmp.reshape(n, c // (bs * bs), h * bs, w * bs)
+
+
+def _space_to_depth_shape(inputs, consts, *, blocksize=None, mode="DCR", **attrs):
+    x = inputs[0]
+    bs = _block("SpaceToDepth", x.shape, blocksize, mode)
+    n, c, h, w = x.shape
+    return [TensorType((n, c * bs * bs, h // bs, w // bs), x.dtype)]
+
+
+def _space_to_depth_tile(ctx: TileContext) -> TileSpec:
+    bs = _block(
+        "SpaceToDepth",
+        ctx.inputs[0].shape,
+        ctx.attrs.get("blocksize"),
+        ctx.attrs.get("mode", "DCR"),
+    )
+
+    def window(lo: int, hi: int) -> tuple[int, int]:
+        return lo * bs, hi * bs
+
+    # output rows [lo, hi) are the input rows [lo * bs, hi * bs); output channels mix
+    # every input channel with the block offsets, so the channel axis is whole
+    return TileSpec(inputs=("n.hw",), outputs=("n.hw",), windows={(0, 2): window, (0, 3): window})
+
+
+@register("SpaceToDepth", shape=_space_to_depth_shape, tile=_space_to_depth_tile)
+def SpaceToDepth(input, *, blocksize=None, mode="DCR"):
+    """Move ``blocksize`` x ``blocksize`` spatial blocks into channels (the inverse of
+    DepthToSpace in the same mode)."""
+    input = np.asarray(input)
+    bs = _block("SpaceToDepth", input.shape, blocksize, mode)
+    n, c, h, w = input.shape
+    tmp = input.reshape(n, c, h // bs, bs, w // bs, bs)
+    tmp = tmp.transpose((0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4))
+    return tmp.reshape(n, c * bs * bs, h // bs, w // bs)
+
+
 # ---------------------------------------------------------------- backward ops
 
 
@@ -653,3 +797,36 @@ def _gather_vjp(b, node, dys):
     }
     dx = b.op("GatherGrad", [dys[0], node.inputs[1]], attrs, domain=DFDL_DOMAIN)
     return [dx, None]
+
+
+@defvjp("Tile")
+def _tile_vjp(b, node, dys):
+    x = b.type(node.inputs[0])
+    r = _repeats(x.shape, _const(b, node.inputs[1]))
+    if all(n == 1 for n in r):
+        return [dys[0], None]
+    # output axis a of size r*d is (r, d) in numpy.tile's order: sum over the r axes
+    split, axes = [], []
+    for d, n in zip(x.shape, r, strict=True):
+        if n != 1 and d != 1:
+            axes.append(len(split))
+            split += [n, d]
+        else:
+            if n != 1:
+                axes.append(len(split))
+            split.append(n * d)
+    dy = dys[0]
+    if len(split) != x.rank:
+        dy = b.op("Reshape", [dy, b.const(split, np.int64, "shape")], {"allowzero": 1})
+    summed = b.op("ReduceSum", [dy, b.const(axes, np.int64, "axes")], {"keepdims": 1})
+    return [_reshape_back(b, node, summed), None]
+
+
+@defvjp("DepthToSpace")
+def _depth_to_space_vjp(b, node, dys):
+    return [b.op("SpaceToDepth", [dys[0]], dict(node.attrs))]
+
+
+@defvjp("SpaceToDepth")
+def _space_to_depth_vjp(b, node, dys):
+    return [b.op("DepthToSpace", [dys[0]], dict(node.attrs))]

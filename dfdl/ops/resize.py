@@ -1,9 +1,11 @@
-"""Resize (opset 19+ semantics): modes "nearest" and "linear" (N-linear, with antialias).
+"""Resize (opset 19+ semantics): modes "nearest", "linear" (N-linear) and "cubic"
+(Keys' cubic convolution with ``cubic_coeff_a``), with antialias and exclude_outside.
 
 Resizing is separable: each resized axis is interpolated on its own, in ``axes`` order,
-exactly like the ONNX reference. Linear interpolation runs in float64 and is rounded
-back to the input dtype (integers round half to even and saturate); nearest gathers
-values without arithmetic.
+exactly like the ONNX reference. Linear and cubic interpolation run in float64 and are
+rounded back to the input dtype (integers round half to even and saturate); nearest
+gathers values without arithmetic. Each axis' pass is a filter of a few taps per output
+(2 for linear, 4 for cubic, widened by ``1 / scale`` when antialiasing a downscale).
 
 Tiling: axes the op leaves untouched (scale 1, same length: typically batch and
 channels) are tiled as they are; resized axes are tiled too, each output tile reading
@@ -36,7 +38,7 @@ from dfdl.errors import ModelError, ShapeError, UnsupportedOpError
 from dfdl.ops.common import LETTERS, normalize_axis, whole_tile
 from dfdl.ops.registry import TensorType, TileContext, TileSpec, defvjp, register
 
-_MODES = ("nearest", "linear")
+_MODES = ("nearest", "linear", "cubic")
 _CTMS = (
     "half_pixel",
     "half_pixel_symmetric",
@@ -76,12 +78,7 @@ def _given(a) -> np.ndarray | None:
 
 
 def check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy):
-    """Raise for attribute values dfdl does not support (cubic) or ONNX does not define."""
-    if mode == "cubic":
-        raise UnsupportedOpError(
-            'Resize: mode "cubic" is not supported; dfdl supports modes "nearest" and "linear"',
-            op_type="Resize",
-        )
+    """Raise for attribute values ONNX does not define."""
     for name, value, allowed in (
         ("mode", mode, _MODES),
         ("coordinate_transformation_mode", coordinate_transformation_mode, _CTMS),
@@ -177,18 +174,41 @@ def _nearest_index(x: np.ndarray, nearest_mode: str, L: int) -> np.ndarray:
     return np.clip(xi + up, 0, L - 1).astype(np.intp)
 
 
-def _linear_taps(x: np.ndarray, scale: float, L: int, antialias: int, exclude_outside: int):
-    """Indices ``(n_out, n)`` and weights of the (possibly widened) triangle filter."""
+def _cubic_weights(d: np.ndarray, A: float) -> np.ndarray:
+    """Keys' cubic convolution kernel at distances ``d`` (zero from 2 on)."""
+    d = np.abs(d)
+    near = ((A + 2) * d - (A + 3)) * d * d + 1
+    far = ((A * d - 5 * A) * d + 8 * A) * d - 4 * A
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def _filter_taps(
+    x: np.ndarray,
+    scale: float,
+    L: int,
+    antialias: int,
+    exclude_outside: int,
+    mode: str = "linear",
+    cubic_coeff_a: float = -0.75,
+):
+    """Indices ``(n_out, n)`` and weights of the (possibly widened) triangle or cubic
+    filter, taps placed as the reference places them."""
+    half = 2 if mode == "cubic" else 1  # the kernel's support, each side
     s = min(scale, 1.0) if antialias else 1.0  # antialias widens the filter by 1/scale
-    start = int(np.floor(-1 / s) + 1)
+    start = int(np.floor(-half / s) + 1)
     n = 2 - 2 * start
     xi = np.floor(x)
     integer = x == xi
     # the reference samples [x-1, x] at integer x (weight 1 on x), [floor, floor+1] otherwise
+    # (and as many taps again on each side for wider filters)
     base = np.where(integer, x - 1, xi).astype(np.int64)
     ratio = np.where(integer, 1.0, x - xi)
     j = np.arange(start, start + n)
-    if antialias:
+    if mode == "cubic":
+        w = _cubic_weights((j[None, :] - ratio[:, None]) * s, cubic_coeff_a)
+        if antialias:
+            w = w / w.sum(axis=1, keepdims=True)
+    elif antialias:
         w = np.clip(1 - np.abs((j[None, :] - ratio[:, None]) * s), 0, 1)
         w = w / w.sum(axis=1, keepdims=True)
     else:
@@ -211,6 +231,7 @@ def axis_sampling(
     nearest_mode: str,
     antialias: int,
     exclude_outside: int,
+    cubic_coeff_a: float = -0.75,
 ):
     """How one resized axis samples its input.
 
@@ -226,7 +247,9 @@ def axis_sampling(
     outside = (x < 0) | (x > L - 1) if ctm == "tf_crop_and_resize" else None
     if mode == "nearest":
         return _nearest_index(x, nearest_mode, L)[:, None], None, outside
-    idx, w = _linear_taps(x, plan.scales[axis], L, antialias, exclude_outside)
+    idx, w = _filter_taps(
+        x, plan.scales[axis], L, antialias, exclude_outside, mode, float(cubic_coeff_a)
+    )
     return idx, w, outside
 
 
@@ -266,6 +289,7 @@ def forward_passes(shape, roi, scales, sizes, attrs, tile=None) -> list:
             nearest_mode=attrs["nearest_mode"],
             antialias=attrs["antialias"],
             exclude_outside=attrs["exclude_outside"],
+            cubic_coeff_a=attrs.get("cubic_coeff_a", -0.75),
         )
         if tile is not None:
             sl = slice(tile[1][a], tile[2][a])
@@ -310,6 +334,7 @@ _RESIZE_DEFAULTS = dict(
     nearest_mode="round_prefer_floor",
     antialias=0,
     exclude_outside=0,
+    cubic_coeff_a=-0.75,
 )
 
 
@@ -381,6 +406,7 @@ def resize_params(
         nearest_mode=nearest_mode,
         antialias=antialias,
         exclude_outside=exclude_outside,
+        cubic_coeff_a=cubic_coeff_a,
     )
     return {
         "passes": forward_passes(X.shape, roi, scales, sizes, attrs, dfdl_tile),
@@ -412,7 +438,7 @@ def Resize(
     nearest_mode="round_prefer_floor",
     dfdl_tile=None,
 ):
-    """ONNX Resize for modes "nearest" and "linear" (see the module docstring).
+    """ONNX Resize, modes "nearest", "linear" and "cubic" (see the module docstring).
 
     ``dfdl_tile`` is set by the planner, never by a model: this call computes one spatial
     tile of the whole Resize (see :func:`forward_passes`).
@@ -425,6 +451,7 @@ def Resize(
         antialias=antialias,
         axes=axes,
         coordinate_transformation_mode=coordinate_transformation_mode,
+        cubic_coeff_a=cubic_coeff_a,
         exclude_outside=exclude_outside,
         keep_aspect_ratio_policy=keep_aspect_ratio_policy,
         mode=mode,
@@ -473,6 +500,7 @@ def adjoint_passes(plan: ResizePlan, input_shape, attrs):
             nearest_mode=attrs["nearest_mode"],
             antialias=attrs["antialias"],
             exclude_outside=attrs["exclude_outside"],
+            cubic_coeff_a=attrs.get("cubic_coeff_a", -0.75),
         )
         w = np.ones(idx.shape) if w is None else w
         if outside is not None:
@@ -554,6 +582,7 @@ def resize_grad_params(
         nearest_mode=nearest_mode,
         antialias=antialias,
         exclude_outside=exclude_outside,
+        cubic_coeff_a=cubic_coeff_a,
     )
     check_attrs(mode, coordinate_transformation_mode, nearest_mode, keep_aspect_ratio_policy)
     shape = tuple(int(v) for v in input_shape)
@@ -599,6 +628,7 @@ def ResizeGrad(
         antialias=antialias,
         axes=axes,
         coordinate_transformation_mode=coordinate_transformation_mode,
+        cubic_coeff_a=cubic_coeff_a,
         exclude_outside=exclude_outside,
         keep_aspect_ratio_policy=keep_aspect_ratio_policy,
         mode=mode,

@@ -72,6 +72,7 @@ from dfdl.runtime.validation import evaluate
 from dfdl.taskgraph.lower import new_token
 from dfdl.taskgraph.optimize import GraphOptions
 from dfdl.training.graph import build_training_graph
+from dfdl.training.losses import classes_last
 from dfdl.training.optimizers import SGD, Optimizer
 from dfdl.training.passes.recompute import MODES
 
@@ -234,6 +235,9 @@ class TrainingSession:
         if self.y is not None and not self.model_loss:
             logits = first.tg.graph.types[first.tg.output]
             classes = logits.shape[1] if logits.rank > 1 else logits.shape[0]
+            labels = TensorType((logits.shape[0], *self.y.shape[1:]), self.y.dtype)
+            if classes_last(logits, labels):  # a language model's (N, T, V)
+                classes = logits.shape[-1]
             check_labels(self.y, cfg.loss, classes, cfg.loss_options.get("ignore_index"))
         return first
 

@@ -7,10 +7,13 @@ whose outputs are the loss and the new values of everything that carries over to
 next step. The trainer runs it once per step, feeding each step's outputs to the next.
 
 Which initializers train: every floating-point initializer except BatchNormalization
-running statistics, those named in ``frozen``, and those an op needs as a plan-time
-constant (a Resize's scales); an initializer the loss does not depend on is kept as a
-constant. :class:`TrainingGraph` offers the graph's rewrites as copies (split or fused
-BatchNorms, grouped updates, recomputation: :mod:`dfdl.training.passes`).
+running statistics, those named in ``frozen``, those an op needs as a plan-time
+constant (a Resize's scales), those that only feed inputs ONNX's schema marks
+non-differentiable (a Clip's bounds: ReLU6 exported as ``Clip(x, 0, 6)`` keeps its 6),
+and constants torch's exporter stored as initializers (``Graph.constants``);
+an initializer the loss does not depend on is kept as a constant. :class:`TrainingGraph`
+offers the graph's rewrites as copies (split or fused BatchNorms, grouped updates,
+recomputation: :mod:`dfdl.training.passes`).
 
 Guarantee: the same model, batch types, loss, optimizer and seed give the same graph,
 and a random op's seed depends only on ``(seed, node, step)`` (:func:`node_seed`), never
@@ -29,6 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
+import onnx.defs
 
 from dfdl.errors import ConfigError, DfdlError, ShapeError
 from dfdl.ir.bind import TYPE_ONLY_INPUTS, bind
@@ -171,6 +176,39 @@ def _const_inputs(graph: Graph) -> set[str]:
     return out
 
 
+def _schema_constants(graph: Graph) -> set[str]:
+    """Values every reader of which takes them at an input ONNX's schema marks
+    non-differentiable (Clip's ``min``/``max``, Pad's ``constant_value``)."""
+    differentiable: set[str] = set()
+    nondiff: set[str] = set()
+    for n in graph.nodes:
+        schema = _schema(n.op_type, n.domain)
+        for i, name in enumerate(n.inputs):
+            if not name:
+                continue
+            if schema is None or not schema.inputs:
+                differentiable.add(name)
+                continue
+            formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+            if formal.differentiation_category == _NON_DIFFERENTIABLE:
+                nondiff.add(name)
+            else:
+                differentiable.add(name)
+    return nondiff - differentiable
+
+
+def _schema(op_type: str, domain: str):
+    if domain not in ("", "ai.onnx"):
+        return None
+    try:
+        return onnx.defs.get_schema(op_type)
+    except onnx.defs.SchemaError:
+        return None
+
+
+_NON_DIFFERENTIABLE = onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
+
+
 def training_mode(graph: Graph, seed: int) -> tuple[list[str], list[str]]:
     """Switch BatchNormalization and Dropout nodes to training behaviour, in place.
 
@@ -242,7 +280,7 @@ def build_training_graph(
     if not model_loss:
         losses.validate_loss(loss)
     buffers, dropout = training_mode(g, seed)
-    consts = _const_inputs(g)
+    consts = _const_inputs(g) | _schema_constants(g) | set(g.constants)
     candidates = [
         k
         for k, v in g.initializers.items()

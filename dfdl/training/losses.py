@@ -7,7 +7,10 @@ batch in one task. The values follow torch:
 
 * ``"cross_entropy"``: ``F.cross_entropy(logits, labels, weight, ignore_index)``
   (reduction mean: ``sum(w[y] * nll) / sum(w[y])`` over non-ignored elements), logits
-  ``(N, C)`` or ``(N, C, d1, ...)``, integer labels ``(N,)`` / ``(N, d1, ...)``.
+  ``(N, C)`` or ``(N, C, d1, ...)``, integer labels ``(N,)`` / ``(N, d1, ...)``; or a
+  language model's logits ``(N, T, ..., V)`` with labels ``(N, T, ...)`` (classes on the
+  last axis, as Hugging Face models output them): the mean over every token, as
+  ``F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1))``.
 * ``"mse"``: ``F.mse_loss(output, target)``, the mean of ``(output - target) ** 2``.
 * ``"bce_with_logits"``: ``F.binary_cross_entropy_with_logits(x, y, weight)``, the mean
   of ``weight * (max(x, 0) - x * y + log(1 + exp(-|x|)))``.
@@ -51,6 +54,13 @@ def _mean_all(b, x: str, count: int | None = None) -> str:
     return b.op("Div", [total, b.const(n, t.dtype, "count")])
 
 
+def classes_last(logits: TensorType, labels: TensorType) -> bool:
+    """Whether integer ``labels`` index the last axis of ``logits`` (a language model's
+    ``(N, T, V)`` with labels ``(N, T)``) rather than axis 1 (torch's ``(N, C, d1)``)."""
+    torch_layout = logits.shape[:1] + logits.shape[2:]
+    return logits.rank >= 3 and labels.shape == logits.shape[:-1] != torch_layout
+
+
 def _check_labels(logits: TensorType, labels: TensorType, loss: str) -> None:
     if logits.rank < 2 or logits.dtype.kind != "f":
         raise ShapeError(
@@ -65,10 +75,11 @@ def _check_labels(logits: TensorType, labels: TensorType, loss: str) -> None:
             name="target",
         )
     want = logits.shape[:1] + logits.shape[2:]
-    if labels.shape != want:
+    if labels.shape != want and not classes_last(logits, labels):
+        also = f" (classes on axis 1) or {list(logits.shape[:-1])}" if logits.rank >= 3 else ""
         raise ShapeError(
             f"{loss}: labels of shape {list(labels.shape)} do not match the model output "
-            f"{list(logits.shape)}; expected {list(want)}",
+            f"{list(logits.shape)}; expected {list(want)}{also}",
             name="target",
             expected=want,
             given=labels.shape,
@@ -124,6 +135,11 @@ def cross_entropy(b, x: str, target: str, *, weight=None, ignore_index=None) -> 
     """
     xt, yt = b.type(x), b.type(target)
     _check_labels(xt, yt, "cross_entropy")
+    if classes_last(xt, yt):
+        # (N, T, ..., V) -> (N * T * ..., V): every token a row, its label a class index
+        x = b.op("Reshape", [x, b.const(np.asarray([-1, xt.shape[-1]], np.int64), hint="rows")])
+        target = b.op("Reshape", [target, b.const(np.asarray([-1], np.int64), hint="flat")])
+        xt, yt = b.type(x), b.type(target)
     w = _class_weight(weight, xt.shape[1], xt.dtype, "cross_entropy")
     attrs = {"reduction": "none"}
     if ignore_index is not None:

@@ -70,3 +70,53 @@ def plan_sources(plan, feeds: Mapping[str, np.ndarray] | None = None) -> dict:
             value = np.zeros(t.shape, t.dtype)
         out[name] = split_tiles(np.asarray(value), plan.chunks[name])
     return out
+
+
+def opset9_model() -> onnx.ModelProto:
+    """A model-zoo-style opset-9 network: Conv, BatchNormalization-9, Upsample-9 (Resize
+    since opset 10), Dropout-7 (ratio attribute), ReduceMean's axes attribute, Gemm."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+        "scale": rng.uniform(0.5, 1.5, 4).astype(np.float32),
+        "bias": rng.standard_normal(4).astype(np.float32),
+        "mean": rng.standard_normal(4).astype(np.float32),
+        "var": rng.uniform(0.5, 1.5, 4).astype(np.float32),
+        "scales": np.array([1, 1, 2, 2], np.float32),
+        "fc": rng.standard_normal((4, 5)).astype(np.float32),
+        "fc_bias": rng.standard_normal(5).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["bn"], name="bn"
+        ),
+        helper.make_node("Relu", ["bn"], ["r"], name="relu"),
+        helper.make_node("Upsample", ["r", "scales"], ["up"], name="up", mode="nearest"),
+        helper.make_node("Dropout", ["up"], ["dr"], name="drop", ratio=0.3),
+        helper.make_node("ReduceMean", ["dr"], ["pool"], name="pool", axes=[2, 3], keepdims=0),
+        helper.make_node("Gemm", ["pool", "fc", "fc_bias"], ["y"], name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "zoo9",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3, 6, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 5])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 4
+    helper.set_model_props(model, {"author": "zoo"})
+    onnx.checker.check_model(model)
+    return model
+
+
+def unconvertible_model() -> onnx.ModelProto:
+    """An opset-1 model onnx.version_converter cannot convert: Pad-1 (its ``paddings``
+    attribute) has no adapter. Two Pad nodes, the second unnamed (``Pad_1`` in dfdl)."""
+    nodes = [
+        helper.make_node("Pad", ["x"], ["p"], name="pad_first", paddings=[0, 1, 0, 1]),
+        helper.make_node("Pad", ["p"], ["q"], paddings=[0, 1, 0, 1]),
+        helper.make_node("Relu", ["q"], ["y"], name="relu0"),
+    ]
+    return make_model(nodes, [vi("x", [2, 4])], [vi("y", [2, 8])], opset=1)

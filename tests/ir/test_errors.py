@@ -23,7 +23,7 @@ from dfdl.ir.bind import bind, check_node, supported_ops
 from dfdl.ir.graph import Graph, Node
 from dfdl.ops.registry import TensorType
 from tests import scheduler_probe
-from tests.ir.helpers import make_model, set_location, vi
+from tests.ir.helpers import make_model, set_location, unconvertible_model, vi
 from tests.scheduler_probe import scheduler_state
 
 SIZES = (4, 8, 3)
@@ -150,11 +150,108 @@ def test_unsupported_op_after_supported_ones_is_refused_before_any_task(client):
 
 
 @pytest.mark.usefixtures("nothing_submitted")
-def test_old_opset(client):
+def test_every_unsupported_op_in_one_error(client):
+    """All ops dfdl lacks (default domain, other domains, control flow) are refused in one
+    error naming each op with its first nodes and their count, whatever the graph order."""
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["b"])], "branch", [], [vi("b", ["batch", 4])]
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu_ok"),
+        helper.make_node("Frobnicate", ["r"], ["f"], name="frob0", domain="com.example"),
+        *[helper.make_node("Unique", ["r"], [f"u{i}"], name=f"uniq{i}") for i in range(4)],
+        helper.make_node("ReduceSum", ["x"], ["cond_f"], name="sum_all", keepdims=0),
+        helper.make_node("Cast", ["cond_f"], ["cond"], name="to_bool", to=TensorProto.BOOL),
+        helper.make_node(
+            "If", ["cond"], ["branch_out"], name="branch", then_branch=branch, else_branch=branch
+        ),
+        helper.make_node("Det", ["sq"], ["d"], name="det0"),
+    ]
+    outputs = [vi("f", ["batch", 4]), vi("branch_out", ["batch", 4]), vi("d", [])]
+    outputs += [vi(f"u{i}", ["n"]) for i in range(4)]
+    model = make_model(
+        nodes,
+        [vi("x", ["batch", 4]), vi("sq", [3, 3])],
+        outputs,
+        extra_opsets={"com.example": 1},
+    )
+    graph = dfdl.load(model)  # loading keeps them: planning lists them all
+    assert [n.op_type for n in graph.nodes][-1] == "Det"
+    feeds = {**x_in(), "sq": np.eye(3, dtype=np.float32)}
+    err = run_fails(
+        client,
+        UnsupportedOpError,
+        model,
+        feeds,
+        match=[
+            "4 ops of the model are not supported by dfdl (default-domain opset 21)",
+            "'com.example.Frobnicate' (node 'frob0')",
+            "'Unique' (4 nodes: 'uniq0', 'uniq1', 'uniq2' and 1 more)",
+            "'If' (node 'branch')",
+            "'Det' (node 'det0')",
+            "If: dfdl does not support control flow",
+            "Supported ops:",
+        ],
+    )
+    assert err.ops == {
+        "com.example.Frobnicate": ["frob0"],
+        "Unique": ["uniq0", "uniq1", "uniq2", "uniq3"],
+        "If": ["branch"],
+        "Det": ["det0"],
+    }
+    # the fields name the first unsupported node in graph order
+    assert (err.op_type, err.node, err.domain, err.opset) == (
+        "Frobnicate",
+        "frob0",
+        "com.example",
+        21,
+    )
+
+
+def test_old_opset_is_converted_and_runs(client):
+    """An opset-11 model loads through onnx.version_converter and runs (no refusal)."""
     node = helper.make_node("Relu", ["x"], ["y"], name="relu0")
     model = make_model([node], [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], opset=11)
-    err = run_fails(client, UnsupportedOpError, model, x_in(), match=["opset 11", "13"])
-    assert err.opset == 11
+    x = np.array([[-1, 2, -3, 4]] * 2, np.float32)
+    out = dfdl.run(model, {"x": x}, client=client)
+    np.testing.assert_array_equal(out["y"], np.maximum(x, 0))
+
+
+@pytest.mark.usefixtures("nothing_submitted")
+def test_old_opset_the_converter_cannot_convert(client):
+    """Pad-1 (``paddings`` attribute) has no version_converter adapter: a ModelError naming
+    the op, its nodes and what to do, instead of the converter's C++ assertion."""
+    err = run_fails(
+        client,
+        ModelError,
+        unconvertible_model(),
+        {"x": np.ones((2, 4), np.float32)},
+        match=[
+            "from default-domain opset 1 to 13",
+            "no adapter that takes Pad (2 nodes: 'pad_first', 'Pad_1') past opset 1",
+            "opset_version=18",
+        ],
+    )
+    assert "Assertion" not in str(err) and ".h:" not in str(err)
+
+
+@pytest.mark.usefixtures("nothing_submitted")
+def test_opset_newer_than_onnx_knows(client):
+    """An opset beyond the installed onnx's newest keeps its clear refusal."""
+    from dfdl.ir.onnx_io import MAX_OPSET
+
+    node = helper.make_node("Relu", ["x"], ["y"], name="relu0")
+    model = make_model(
+        [node], [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], opset=MAX_OPSET + 1
+    )
+    err = run_fails(
+        client,
+        UnsupportedOpError,
+        model,
+        x_in(),
+        match=[f"opset {MAX_OPSET + 1}", f"up to {MAX_OPSET}", "Upgrade onnx"],
+    )
+    assert err.opset == MAX_OPSET + 1
 
 
 @pytest.mark.usefixtures("nothing_submitted")
@@ -175,23 +272,24 @@ def test_unsupported_domain(client):
 @pytest.mark.usefixtures("nothing_submitted")
 def test_unsupported_attribute_value(client):
     """Valid ONNX (the checker accepts it) with an attribute value dfdl does not implement."""
+    # stash_type 16 = bfloat16, a floating-point precision ONNX allows and dfdl lacks
     node = helper.make_node(
-        "Resize", ["x", "", "scales"], ["y"], name="upsample_cubic", mode="cubic"
+        "LayerNormalization", ["x", "scale"], ["y"], name="norm_bf16", axis=-1, stash_type=16
     )
     model = make_model(
         [node],
         [vi("x", [1, 1, 4, 4])],
-        [vi("y", [1, 1, 8, 8])],
-        {"scales": np.array([1, 1, 2, 2], np.float32)},
+        [vi("y", [1, 1, 4, 4])],
+        {"scale": np.ones(4, np.float32)},
     )
     err = run_fails(
         client,
         UnsupportedOpError,
         model,
         {"x": np.ones((1, 1, 4, 4), np.float32)},
-        match=["upsample_cubic", "cubic"],
+        match=["norm_bf16", "stash_type=16"],
     )
-    assert err.node == "upsample_cubic" and err.op_type == "Resize"
+    assert err.node == "norm_bf16" and err.op_type == "LayerNormalization"
 
 
 def test_attribute_not_accepted_by_the_op():

@@ -16,7 +16,7 @@ from dfdl.errors import ModelError
 from dfdl.ir.graph import Graph
 from dfdl.ir.onnx_io import from_ir, load_model, to_ir
 from dfdl.models import ZOO, example_inputs
-from tests.ir.helpers import set_location
+from tests.ir.helpers import opset9_model, set_location
 
 ZOO_CASES = {
     "mlp": dict(sizes=(16, 32, 5)),
@@ -245,3 +245,123 @@ def test_opset17_transformer_runs_like_onnxruntime(client):
     feeds = example_inputs("transformer", batch=3, **kw)
     out = dfdl.run(model, feeds, client=client, tiles={"batch": 3})
     assert_close(out["logits"], ort_run(model, feeds)["logits"])
+
+
+# ---- old opsets: converted at load ---------------------------------------------------------
+
+
+def test_old_opset_model_is_converted_at_load():
+    from dfdl.ir.onnx_io import MIN_OPSET, convert_opset, converted_from
+
+    old = opset9_model()
+    before = old.SerializeToString()
+    model = load_model(old)
+    assert old.SerializeToString() == before  # the caller's proto is not touched
+    assert converted_from(model) == 9 and converted_from(old) is None
+    assert {o.domain: o.version for o in model.opset_import} == {"": MIN_OPSET}
+    assert model.ir_version >= 7
+    assert {p.key: p.value for p in model.metadata_props} == {
+        "author": "zoo",
+        "dfdl.converted_from_opset": "9",
+    }
+    ops = [n.op_type for n in model.graph.node]
+    assert "Upsample" not in ops and "Resize" in ops
+    # as written, when asked
+    assert load_model(old, convert=False) is old
+    graph = to_ir(model)
+    assert graph.opset == MIN_OPSET
+    # then canonicalized as any opset-13 model: ReduceMean's axes became its input
+    (pool,) = [n for n in graph.nodes if n.op_type == "ReduceMean"]
+    assert "axes" not in pool.attrs and graph.initializers[pool.inputs[1]].tolist() == [2, 3]
+    # to_ir converts an unconverted old proto too (callers that skip load_model)
+    assert [n.op_type for n in to_ir(old).nodes] == [n.op_type for n in graph.nodes]
+    # a current model is returned as is
+    current = ZOO["mlp"](**ZOO_CASES["mlp"])
+    assert convert_opset(current) is current and converted_from(load_model(current)) is None
+
+
+def test_old_opset_model_runs_like_onnxruntime(client, tmp_path):
+    model = opset9_model()
+    path = tmp_path / "zoo9.onnx"
+    onnx.save(model, str(path))
+    x = np.random.default_rng(1).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    out = dfdl.run(path, {"x": x}, client=client)
+    assert_close(out["y"], ort_run(model, {"x": x})["y"])
+
+
+def test_prelu6_slope_stays_per_channel_after_conversion():
+    """PRelu-6's slope of C values is per channel (axis 1); onnx.version_converter keeps it
+    as is, though PRelu-7 broadcasts from the last axis: the converted model reshapes it."""
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    slope = np.array([0.1, 0.2, 0.3], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("PRelu", ["x", "slope"], ["y"], name="prelu")],
+        "prelu6",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 4, 5])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3, 4, 5])],
+        [numpy_helper.from_array(slope, "slope")],
+    )
+    old = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    old.ir_version = 4
+    model = load_model(old)
+    (node,) = model.graph.node
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert inits[node.input[1]].shape == (3, 1, 1)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    per_channel = np.where(x > 0, x, x * slope[:, None, None])
+    (y,) = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_array_equal(y, per_channel)
+    graph = to_ir(model)
+    assert graph.initializers[graph.nodes[0].inputs[1]].shape == (3, 1, 1)
+
+
+def _marked_model(marks: bool):
+    """w (a parameter, marked as torch's exporter marks it), a lifted scalar, a mask of
+    -finfo.max and an unmarked tensor (a transposed weight)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dfdl.ir.onnx_io import TORCH_INPUT_KIND
+
+    f32 = np.float32
+    inits = {
+        "w": np.ones((2, 2), f32),
+        "half": np.asarray(0.5, f32),
+        "mask": np.full((2, 2), np.finfo(f32).min, f32),
+        "val_12": np.arange(4, dtype=f32).reshape(2, 2),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"]),
+        helper.make_node("Mul", ["a", "half"], ["b"]),
+        helper.make_node("Add", ["b", "mask"], ["c"]),
+        helper.make_node("MatMul", ["c", "val_12"], ["y"]),
+    ]
+    vis = []
+    if marks:
+        vi = helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 2])
+        entry = vi.metadata_props.add()
+        entry.key, entry.value = TORCH_INPUT_KIND, "PARAMETER"
+        vis.append(vi)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+        value_info=vis,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_exporter_constants_are_the_unmarked_scalars_and_masks():
+    from dfdl.ir.onnx_io import exporter_constants
+
+    assert exporter_constants(_marked_model(True)) == ["half", "mask"]
+    assert to_ir(_marked_model(True)).constants == {"half", "mask"}
+
+
+def test_files_without_torch_marks_have_no_exporter_constants():
+    from dfdl.ir.onnx_io import exporter_constants
+
+    assert exporter_constants(_marked_model(False)) == []

@@ -1,5 +1,6 @@
 """OpCases for layout ops (dfdl/ops/layout.py): Reshape, Flatten, Transpose, Squeeze,
-Unsqueeze, Concat, Split, Slice, Expand, Gather, dfdl.SliceGrad, dfdl.GatherGrad."""
+Unsqueeze, Concat, Split, Slice, Expand, Gather, Tile, DepthToSpace, SpaceToDepth,
+dfdl.SliceGrad, dfdl.GatherGrad."""
 
 from __future__ import annotations
 
@@ -154,6 +155,41 @@ def _gather() -> list[OpCase]:
     ]
 
 
+def _tile() -> list[OpCase]:
+    T = "Tile"
+    return [
+        OpCase(T, [rand(5, 3, 4), _i(1, 3, 1)], consts=(1,), id="axis1"),
+        OpCase(T, [rand(5, 3, 4), _i(2, 1, 3)], consts=(1,), id="two_axes"),
+        # size-1 axes repeated: tiled as broadcast axes (each tile repeats its element)
+        OpCase(T, [rand(5, 1, 4), _i(1, 7, 1)], consts=(1,), id="unit_axis"),
+        OpCase(T, [rand(1, 1), _i(5, 6)], consts=(1,), id="unit_both"),
+        OpCase(T, [rand(5, 4), _i(1, 1)], consts=(1,), id="identity"),
+        OpCase(T, [rand(5, 2), _i(0, 3)], consts=(1,), id="zero_repeat"),
+        OpCase(T, [_ints(5, 3), _i(1, 4)], consts=(1,), id="i64"),
+        OpCase(T, [rand(3, 1, 2, dtype=F64), _i(2, 5, 2)], consts=(1,), id="f64_mixed"),
+    ]
+
+
+def _depth_space() -> list[OpCase]:
+    D, S = "DepthToSpace", "SpaceToDepth"
+    cases = []
+    for mode in ("DCR", "CRD"):
+        m2 = {"blocksize": 2, "mode": mode}
+        m3 = {"blocksize": 3, "mode": mode}
+        cases += [
+            OpCase(D, [rand(5, 12, 3, 4)], m2, id=f"{mode}_b2"),
+            OpCase(D, [rand(3, 27, 2, 3, dtype=F64)], m3, id=f"{mode}_b3_f64"),
+            # SpaceToDepth's mode attribute is new in opset 28
+            OpCase(S, [rand(5, 3, 6, 8)], m2, opset=28, id=f"{mode}_b2"),
+            OpCase(S, [rand(3, 2, 9, 6, dtype=F64)], m3, opset=28, id=f"{mode}_b3_f64"),
+        ]
+    return cases + [
+        OpCase(D, [_ints(2, 8, 3, 3)], {"blocksize": 2}, id="default_mode_i64"),
+        OpCase(S, [_ints(2, 3, 4, 6)], {"blocksize": 2}, id="default_mode_i64"),
+        OpCase(D, [rand(5, 7, 3, 4)], {"blocksize": 1, "mode": "CRD"}, id="block1"),
+    ]
+
+
 def _slice_grad_ref(shape):
     """Reference SliceGrad: ONNX's own Slice, run on a grid of flat positions, says where
     each element of dY goes."""
@@ -255,6 +291,8 @@ CASES = [
     *_slice(),
     *_expand(),
     *_gather(),
+    *_tile(),
+    *_depth_space(),
     *_slice_grad(),
     *_gather_grad(),
 ]

@@ -343,3 +343,288 @@ _IN_GRAD = [
 
 
 CASES += _LN_GRAD + _LN_PARAM + _IN_GRAD
+
+
+# ------------------------------------------------- Group-, RMS- and LpNormalization
+
+F16 = np.float16
+_F16_TOL = {"rtol": 1e-2, "atol": 1e-2}
+
+
+def _gn(X, G, tag, *, epsilon=None, stash=None, dtype=None, seed=1, no_grad=False, **tol):
+    c = X.shape[1]
+    dt = dtype or X.dtype
+    attrs = {"num_groups": G}
+    if epsilon is not None:
+        attrs["epsilon"] = epsilon
+    if stash is not None:
+        attrs["stash_type"] = stash
+    case = OpCase(
+        "GroupNormalization",
+        [X, _chan(c, dt, seed), _chan(c, dt, seed + 1)],
+        attrs,
+        id=tag,
+        **tol,
+    )
+    # float64 finite differences of a float32-stash forward measure its rounding
+    case.no_grad = no_grad or stash in (None, 1)
+    return case
+
+
+_GN = [
+    _gn(rand(5, 6, 3, 4), 3, "f32_4d_g3"),
+    _gn(rand(5, 6, 3, 4), 3, "f32_4d_g3_stash64", stash=11),
+    _gn(rand(4, 6, 5, dtype=F64), 6, "f64_3d_g_is_c_eps", epsilon=1e-2, stash=11),
+    _gn(rand(4, 6, 5, dtype=F64), 1, "f64_3d_g1", stash=11),
+    _gn(rand(5, 8, dtype=F64), 2, "f64_2d_g2", stash=11),
+    _gn(rand(3, 4, 2, 3, 2), 2, "f32_5d_g2_stash64", stash=11),
+    _gn(rand(5, 6, 3, 4, dtype=F16), 2, "f16", **_F16_TOL),
+]
+
+
+def _rms_reference(axis=-1, epsilon=1e-5, stash=np.float32):
+    """RMSNormalization per its ONNX function body (the evaluator knows stash 1 only)."""
+
+    def ref(X, scale):
+        axes = tuple(range(axis % X.ndim, X.ndim))
+        xs = X.astype(stash)
+        rms = np.sqrt((xs * xs).mean(axis=axes, keepdims=True) + epsilon)
+        return [((xs / rms).astype(X.dtype) * scale).astype(X.dtype)]
+
+    return ref
+
+
+def _rms(X, scale, tag, *, axis=None, epsilon=None, stash=None, **kw):
+    attrs = {}
+    if axis is not None:
+        attrs["axis"] = axis
+    if epsilon is not None:
+        attrs["epsilon"] = epsilon
+    if stash is not None:
+        attrs["stash_type"] = stash
+    ref = None
+    if stash == 11:
+        ref = _rms_reference(
+            -1 if axis is None else axis, 1e-5 if epsilon is None else epsilon, np.float64
+        )
+    case = OpCase("RMSNormalization", [X, scale], attrs, id=tag, reference=ref, opset=23, **kw)
+    case.no_grad = stash in (None, 1)
+    return case
+
+
+_RMS = [
+    _rms(rand(5, 7, 6), rand(6, seed=1), "f32_3d"),
+    _rms(rand(5, 7, 3, 4), rand(7, 1, 4, seed=1), "f32_4d_axis1_bcast", axis=1),
+    _rms(rand(5, 7, 6), rand(6, seed=1), "f32_3d_stash64", stash=11),
+    _rms(_f64(5, 7, 6), _f64(7, 6, seed=1), "f64_scale_covers_leading_axis", stash=11),
+    _rms(
+        _f64(5, 7, 3, 4), _f64(3, 4, seed=1), "f64_4d_axis-2_eps", axis=-2, epsilon=1e-2, stash=11
+    ),
+    _rms(_f64(4, 3, 5), _f64(4, 3, 5, seed=1), "f64_axis0", axis=0, stash=11),
+    _rms(rand(5, 7, 6, dtype=F16), rand(6, dtype=F16, seed=1), "f16", **_F16_TOL),
+]
+
+
+def _lp_reference(axis=-1, p=2):
+    """LpNormalization per the spec (the evaluator sums x, not |x|, for p=1)."""
+
+    def ref(X):
+        x = X.astype(np.float64)
+        n = (
+            np.abs(x).sum(axis=axis, keepdims=True)
+            if p == 1
+            else np.sqrt((x * x).sum(axis, keepdims=True))
+        )
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return [np.where(n == 0, 0, x / n).astype(X.dtype)]
+
+    return ref
+
+
+def _lp_zeros() -> np.ndarray:
+    x = rand(5, 7, 6, seed=4)
+    x[2, 3, :] = 0
+    return x
+
+
+_LP = [
+    OpCase("LpNormalization", [rand(5, 7, 6)], id="f32_default"),
+    OpCase("LpNormalization", [rand(5, 7, 6)], {"axis": 1, "p": 2}, id="f32_axis1"),
+    OpCase("LpNormalization", [_f64(5, 7, 6)], {"axis": 0}, id="f64_axis0", rtol=1e-10),
+    OpCase(
+        "LpNormalization",
+        [rand(5, 7, 6)],
+        {"axis": -1, "p": 1},
+        reference=_lp_reference(-1, 1),
+        id="f32_p1",
+    ),
+    OpCase(
+        "LpNormalization",
+        [_f64(5, 7, 6)],
+        {"axis": 1, "p": 1},
+        reference=_lp_reference(1, 1),
+        id="f64_p1_axis1",
+    ),
+    OpCase("LpNormalization", [rand(5, 7, 6, dtype=F16)], id="f16", **_F16_TOL),
+]
+# a zero norm gives 0 (and no derivative): forward only
+_zero_cases = [
+    OpCase("LpNormalization", [_lp_zeros()], id="zero_norm", reference=_lp_reference(-1, 2)),
+    OpCase(
+        "LpNormalization",
+        [_lp_zeros()],
+        {"p": 1},
+        id="zero_norm_p1",
+        reference=_lp_reference(-1, 1),
+    ),
+]
+for _c in _zero_cases:
+    _c.no_grad = True
+_LP += _zero_cases
+
+
+def _cs_group_norm(x, scale, bias, g, eps):
+    n, c = x.shape[:2]
+    xs = x.reshape(n, g, -1)
+    mean = xs.mean(axis=2, keepdims=True)
+    d = xs - mean
+    y = (d / np.sqrt((d * d).mean(axis=2, keepdims=True) + eps)).reshape(x.shape)
+    shp = (1, c) + (1,) * (x.ndim - 2)
+    return [y * scale.reshape(shp) + bias.reshape(shp)]
+
+
+def _gn_grad_ref(g, epsilon=1e-5):
+    def ref(dY, X, scale):
+        n, c = X.shape[:2]
+        s = np.broadcast_to(scale, (n, c)).copy()
+        bias = np.zeros((n, c))
+
+        def f(x, s_, b_):
+            # per-sample scale/bias rows give the per-(n, c) parameter gradients
+            outs = [_cs_group_norm(x[i : i + 1], s_[i], b_[i], g, epsilon)[0] for i in range(n)]
+            return [np.concatenate(outs)]
+
+        return [
+            cs_vjp(f, [X, s, bias], 0, [dY]).astype(X.dtype),
+            cs_vjp(f, [X, s, bias], 1, [dY]).astype(scale.dtype),
+            cs_vjp(f, [X, s, bias], 2, [dY]).astype(scale.dtype),
+        ]
+
+    return ref
+
+
+def _cs_rms(x, scale, ax, eps):
+    axes = tuple(range(ax, x.ndim))
+    return [x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps) * scale]
+
+
+def _rms_grad_ref(axis=-1, epsilon=1e-5):
+    def ref(dY, X, scale):
+        ax = axis % X.ndim
+        return [cs_vjp(lambda x: _cs_rms(x, scale, ax, epsilon), [X], 0, [dY]).astype(X.dtype)]
+
+    return ref
+
+
+def _rms_param_ref(axis=-1, epsilon=1e-5, param_axis=None):
+    def ref(dY, X):
+        ax = axis % X.ndim
+        pa = ax if param_axis is None else param_axis % X.ndim
+        s = np.ones(X.shape[pa:])
+        return [cs_vjp(lambda s_: _cs_rms(X, s_, ax, epsilon), [s], 0, [dY]).astype(X.dtype)]
+
+    return ref
+
+
+def _cs_lp(x, ax, p):
+    if p == 1:
+        # |x| as sign(re x) * x: analytic along the complex step
+        n = (np.sign(x.real) * x).sum(axis=ax, keepdims=True)
+    else:
+        n = np.sqrt((x * x).sum(axis=ax, keepdims=True))
+    return [x / n]
+
+
+def _lp_grad_ref(axis=-1, p=2):
+    def ref(dY, X):
+        return [cs_vjp(lambda x: _cs_lp(x, axis % X.ndim, p), [X], 0, [dY]).astype(X.dtype)]
+
+    return ref
+
+
+_NORM_GRADS = [
+    OpCase(
+        "GroupNormalizationGrad",
+        [rand(4, 6, 3, 2, seed=3), rand(4, 6, 3, 2), _chan(6, seed=1)],
+        {"num_groups": 3},
+        n_outputs=3,
+        domain="dfdl",
+        reference=_gn_grad_ref(3),
+        id="f32_4d_g3",
+        **_tol(F32),
+    ),
+    OpCase(
+        "GroupNormalizationGrad",
+        [_f64(3, 4, 5, seed=3), _f64(3, 4, 5), _chan(4, F64, 1)],
+        {"num_groups": 1, "epsilon": 1e-2},
+        n_outputs=3,
+        domain="dfdl",
+        reference=_gn_grad_ref(1, 1e-2),
+        id="f64_3d_g1_eps",
+        **_tol(F64),
+    ),
+    OpCase(
+        "RMSNormalizationGrad",
+        [rand(5, 7, 6, seed=3), rand(5, 7, 6), rand(6, seed=1)],
+        domain="dfdl",
+        reference=_rms_grad_ref(),
+        id="f32_3d",
+        **_tol(F32),
+    ),
+    OpCase(
+        "RMSNormalizationGrad",
+        [_f64(5, 7, 3, 4, seed=3), _f64(5, 7, 3, 4), _f64(7, 1, 4, seed=1)],
+        {"axis": 1, "epsilon": 1e-2},
+        domain="dfdl",
+        reference=_rms_grad_ref(1, 1e-2),
+        id="f64_4d_axis1_bcast",
+        **_tol(F64),
+    ),
+    OpCase(
+        "RMSNormalizationParamGrad",
+        [rand(5, 7, 6, seed=3), rand(5, 7, 6)],
+        domain="dfdl",
+        reference=_rms_param_ref(),
+        id="f32_3d",
+        **_tol(F32),
+    ),
+    OpCase(
+        "RMSNormalizationParamGrad",
+        [_f64(5, 7, 3, 4, seed=3), _f64(5, 7, 3, 4)],
+        {"axis": -1, "param_axis": 1, "epsilon": 1e-2},
+        domain="dfdl",
+        reference=_rms_param_ref(-1, 1e-2, 1),
+        id="f64_4d_param_axis1",
+        **_tol(F64),
+    ),
+    OpCase(
+        "LpNormalizationGrad",
+        [rand(5, 7, 6, seed=3), rand(5, 7, 6)],
+        domain="dfdl",
+        reference=_lp_grad_ref(),
+        id="f32_p2",
+        **_tol(F32),
+    ),
+    OpCase(
+        "LpNormalizationGrad",
+        [_f64(5, 7, 6, seed=3), _f64(5, 7, 6)],
+        {"axis": 1, "p": 1},
+        domain="dfdl",
+        reference=_lp_grad_ref(1, 1),
+        id="f64_p1_axis1",
+        **_tol(F64),
+    ),
+]
+
+
+CASES += _GN + _RMS + _LP + _NORM_GRADS

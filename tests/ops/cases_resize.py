@@ -1,4 +1,4 @@
-"""OpCases for Resize: nearest and linear, 1-D/2-D/3-D spatial, scales and sizes.
+"""OpCases for Resize: nearest, linear and cubic, 1-D/2-D/3-D spatial, scales and sizes.
 
 onnx's ReferenceEvaluator is the oracle. Scales are picked so that no source
 coordinate lands within rounding error of an integer from the "wrong" side (the
@@ -245,7 +245,125 @@ def _linear_cases() -> list[OpCase]:
     ]
 
 
-CASES = _nearest_cases() + _linear_cases()
+def _cubic_cases() -> list[OpCase]:
+    x2 = rand(5, 3, 9, 7, seed=21)
+    x3 = rand(3, 2, 5, 6, 7, seed=22)
+    cub = {"mode": "cubic"}
+    return [
+        OpCase("Resize", [x2, None, _f32(1, 1, 2, 2)], cub, consts=(2,), id="cubic_2d_up2", **TOL),
+        OpCase(
+            "Resize",
+            [x2, None, _f32(1, 1, 0.5, 0.75)],
+            cub,
+            consts=(2,),
+            id="cubic_2d_down",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x2, None, None, _i64(5, 3, 16, 12)],
+            {**cub, "coordinate_transformation_mode": "align_corners"},
+            consts=(3,),
+            id="cubic_2d_sizes_align",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x2, None, _f32(1, 1, 1.5, 2.5)],
+            {**cub, "coordinate_transformation_mode": "asymmetric"},
+            consts=(2,),
+            id="cubic_2d_asymmetric",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x2, None, _f32(1, 1, 1.5, 0.6)],
+            {**cub, "cubic_coeff_a": -0.5, "exclude_outside": 1},
+            consts=(2,),
+            id="cubic_2d_a-0.5_exclude",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x2, None, _f32(1, 1, 0.5, 0.6)],
+            {**cub, "antialias": 1},
+            consts=(2,),
+            id="cubic_2d_antialias",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x2, None, None, _i64(4, 3)],
+            {**cub, "antialias": 1, "axes": [2, 3], "exclude_outside": 1},
+            consts=(3,),
+            id="cubic_2d_antialias_exclude",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x2, _f32(0.1, 0.3, 1.2, 0.8), _f32(1.5, 0.5)],
+            {
+                **cub,
+                "coordinate_transformation_mode": "tf_crop_and_resize",
+                "axes": [2, 3],
+                "extrapolation_value": 3.0,
+            },
+            consts=(1, 2),
+            id="cubic_2d_crop_extrapolate",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x2, None, None, _i64(5, 3, 4, 1)],
+            {**cub, "coordinate_transformation_mode": "pytorch_half_pixel"},
+            consts=(3,),
+            id="cubic_2d_pytorch_half_pixel",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x3, None, None, _i64(3, 9, 5)],
+            {**cub, "axes": [2, 3, 4]},
+            consts=(3,),
+            id="cubic_3d_sizes",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [rand(5, 4, 11, seed=23), None, _f32(1, 1, 1.5)],
+            cub,
+            consts=(2,),
+            id="cubic_1d",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x2.astype(np.float64), None, _f32(1, 1, 2, 0.5)],
+            cub,
+            consts=(2,),
+            id="cubic_2d_f64",
+            **TOL,
+        ),
+        OpCase(
+            "Resize",
+            [x2.astype(np.float16), None, _f32(1, 1, 2, 0.5)],
+            cub,
+            consts=(2,),
+            id="cubic_2d_f16",
+            rtol=2e-3,
+            atol=2e-3,
+        ),
+        OpCase(
+            "Resize",
+            [rand(5, 3, 9, 7, seed=24, low=0, high=250).astype(np.uint8), None, _f32(1, 1, 2, 1.5)],
+            cub,
+            consts=(2,),
+            id="cubic_2d_uint8_saturates",
+        ),
+    ]
+
+
+CASES = _nearest_cases() + _linear_cases() + _cubic_cases()
 
 
 # ---------------------------------------------------------------- dfdl.ResizeGrad
@@ -293,6 +411,19 @@ def _source_x(y, L, scale, n_out, ctm, roi_pair):
     return y * (end - start) * (L - 1) / (w - 1) + start * (L - 1)
 
 
+def _triangle(d):
+    return max(0.0, 1 - d)
+
+
+def _keys(d, a):
+    """Keys' cubic convolution kernel."""
+    if d <= 1:
+        return (a + 2) * d**3 - (a + 3) * d**2 + 1
+    if d < 2:
+        return a * d**3 - 5 * a * d**2 + 8 * a * d - 4 * a
+    return 0.0
+
+
 def _axis_taps(y, L, scale, n_out, attrs, roi_pair):
     """[(input index, weight)] feeding output position y along one axis."""
     ctm = attrs.get("coordinate_transformation_mode", "half_pixel")
@@ -309,10 +440,15 @@ def _axis_taps(y, L, scale, n_out, attrs, roi_pair):
             "ceil": frac > 0,
         }[attrs.get("nearest_mode", "round_prefer_floor")]
         return [(min(max(int(f) + int(up), 0), L - 1), 1.0)]
-    # linear: triangle filter, widened by 1/scale when antialiasing a downscale
+    # linear: triangle filter, cubic: Keys' kernel, widened by 1/scale when antialiasing a
+    # downscale
     s = min(scale, 1.0) if attrs.get("antialias", 0) else 1.0
-    lo, hi = int(np.floor(x - 1 / s)), int(np.ceil(x + 1 / s))
-    taps = [(p, 1 - abs(p - x) * s) for p in range(lo, hi + 1) if 1 - abs(p - x) * s > 0]
+    half = 2 if attrs.get("mode") == "cubic" else 1
+    lo, hi = int(np.floor(x - half / s)), int(np.ceil(x + half / s))
+    kernel = _triangle
+    if half == 2:
+        kernel = functools.partial(_keys, a=attrs.get("cubic_coeff_a", -0.75))
+    taps = [(p, kernel(abs(p - x) * s)) for p in range(lo, hi + 1) if kernel(abs(p - x) * s)]
     total = sum(w for _, w in taps)
     taps = [(p, w / total) for p, w in taps]
     if attrs.get("exclude_outside", 0):
@@ -476,6 +612,44 @@ def _grad_cases() -> list[OpCase]:
         ),
         _grad_case(s1, None, _f32(1, 1, 1.5), None, lin, "linear_1d"),
         _grad_case(s2, None, _f32(1, 1, 2, 0.5), None, lin, "linear_2d_f64", dtype=np.float64),
+        *_cubic_grad_cases(),
+    ]
+
+
+def _cubic_grad_cases() -> list[OpCase]:
+    s2, s1 = (5, 3, 9, 7), (5, 4, 11)
+    cub = {"mode": "cubic"}
+    return [
+        _grad_case(s2, None, _f32(1, 1, 2, 2), None, cub, "cubic_2d_up2"),
+        _grad_case(s2, None, _f32(1, 1, 0.5, 0.75), None, cub, "cubic_2d_down"),
+        _grad_case(
+            s2,
+            None,
+            _f32(1, 1, 1.5, 0.6),
+            None,
+            {**cub, "cubic_coeff_a": -0.5, "exclude_outside": 1},
+            "cubic_2d_a-0.5_exclude",
+        ),
+        _grad_case(
+            s2, None, _f32(1, 1, 0.5, 0.6), None, {**cub, "antialias": 1}, "cubic_2d_antialias"
+        ),
+        _grad_case(
+            s2,
+            None,
+            None,
+            _i64(5, 3, 16, 12),
+            {**cub, "coordinate_transformation_mode": "align_corners"},
+            "cubic_2d_sizes_align",
+        ),
+        _grad_case(
+            s2,
+            _f32(0, 0, 0.2, -0.1, 1, 1, 0.7, 0.9),
+            None,
+            _i64(5, 3, 6, 8),
+            {**cub, "coordinate_transformation_mode": "tf_crop_and_resize"},
+            "cubic_2d_crop",
+        ),
+        _grad_case(s1, None, _f32(1, 1, 1.5), None, cub, "cubic_1d", dtype=np.float64),
     ]
 
 

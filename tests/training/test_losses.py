@@ -42,7 +42,15 @@ def _np_log_softmax(x):
     return d - np.log(np.exp(d).sum(axis=1, keepdims=True))
 
 
+def _token_rows(x, y):
+    """A language model's logits (N, T, V) and labels (N, T) as rows: (N*T, V), (N*T,)."""
+    if x.ndim >= 3 and y.shape == x.shape[:-1] != x.shape[:1] + x.shape[2:]:
+        return x.reshape(-1, x.shape[-1]), y.reshape(-1)
+    return x, y
+
+
 def np_cross_entropy(x, y, weight=None, ignore_index=None):
+    x, y = _token_rows(x, y)
     logp = np.moveaxis(_np_log_softmax(x), 1, -1).reshape(-1, x.shape[1])
     y = y.reshape(-1)
     keep = np.ones(y.shape, bool) if ignore_index is None else y != ignore_index
@@ -93,7 +101,9 @@ def torch_loss(name, x, y, weight=None, ignore_index=None):
     if name == "cross_entropy":
         w = None if weight is None else torch.tensor(weight, dtype=torch.float64)
         ig = -100 if ignore_index is None else ignore_index
-        loss = F.cross_entropy(xt, torch.tensor(y), weight=w, ignore_index=ig)
+        rows, labels = _token_rows(x, y)  # what a torch user writes for a language model
+        xr = xt.reshape(rows.shape)
+        loss = F.cross_entropy(xr, torch.tensor(labels), weight=w, ignore_index=ig)
     elif name == "mse":
         loss = F.mse_loss(xt, torch.tensor(y, dtype=torch.float64))
     elif name == "bce_with_logits":
@@ -162,6 +172,20 @@ def _cases():
             RNG.normal(size=(3, 5, 4, 3)),
             _labels((3, 4, 3), 5, ignore=255, seed=4),
             {"ignore_index": 255, "weight": cls_w},
+        ),
+        (
+            "cross_entropy",
+            "tokens_classes_last",
+            RNG.normal(size=(3, 6, 11)).astype(f32),
+            _labels((3, 6), 11, seed=8),
+            {},
+        ),
+        (
+            "cross_entropy",
+            "tokens_classes_last_ignore",
+            RNG.normal(size=(2, 5, 7)).astype(f32),
+            _labels((2, 5), 7, ignore=-100, seed=9),
+            {"ignore_index": -100},
         ),
         (
             "mse",

@@ -15,6 +15,7 @@ from dfdl.ops.cpu import (  # noqa: F401  (imported for registration)
     layout,
     linalg,
     loss,
+    lrn,
     norm,
     optim,
     pool,

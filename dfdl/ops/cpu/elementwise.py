@@ -4,10 +4,13 @@ Each kernel registers itself for its op (:func:`dfdl.ops.registry.kernel`) and r
 flat loop over float32/float64 tiles. Its ``accepts`` predicate leaves every other tile
 (integer dtypes, float16, operands of a binary op that broadcast or differ in dtype) to
 the op's numpy forward. Ops with attributes hand their kernels resolved parameters
-through their ``params`` rules in :mod:`dfdl.ops.elementwise`: ``alpha`` as a float,
-``tanh`` for Gelu's approximation, ClipGrad's bounds ``lo`` and ``hi``. The fused
-activation gradients (``dfdl.ReluGrad``, ``SigmoidGrad``, ``TanhGrad``, ``GeluGrad``,
-``ClipGrad``) run one loop over ``dY`` and the saved tensor.
+through their ``params`` rules in :mod:`dfdl.ops.elementwise`: ``alpha`` (and
+HardSigmoid's ``beta``) as floats, ``tanh`` for Gelu's approximation, ClipGrad's bounds
+``lo`` and ``hi``. The fused activation gradients (``dfdl.ReluGrad``, ``SigmoidGrad``,
+``TanhGrad``, ``GeluGrad``, ``HardSigmoidGrad``, ``HardSwishGrad``, ``ClipGrad``) run
+one loop over ``dY`` and the saved tensor. HardSwish and HardSigmoid (every MobileNetV3
+block) compute in the tile's dtype with the constants rounded to it, as their numpy
+forwards do, so the two agree bit for bit.
 
 Guarantees: every value depends on its own inputs only, so results do not depend on
 the tiling. float32 GELU (forward and gradient, ``approximate="none"``) runs on the
@@ -157,6 +160,26 @@ def _sqrt(x, out):
         out[i] = math.sqrt(x[i])  # NaN below 0, as in numpy
 
 
+@_jit
+def _hard_sigmoid(x, out, alpha, beta):
+    for i in range(x.size):
+        v = x[i] * alpha + beta
+        out[i] = 0.0 if v < 0 else (1.0 if v > 1 else v)  # NaN passes through, like np.clip
+
+
+@_jit
+def _hard_swish(x, out, zero, three, six):
+    # typed constants keep the arithmetic in x's dtype (a 0.0 literal would widen c)
+    for i in range(x.size):
+        v = x[i]
+        c = v + three
+        if c < zero:
+            c = zero
+        elif c > six:
+            c = six
+        out[i] = v * c / six
+
+
 # --------------------------------------------------------------------------- binary loops
 
 
@@ -237,6 +260,21 @@ def gelu(X, *, tanh: bool):
     return _map(gelu_f32.gelu if X.dtype == np.float32 else _gelu_erf, X)
 
 
+@kernel("HardSigmoid", accepts=floats)
+def hard_sigmoid(X, *, alpha: float, beta: float):
+    """max(0, min(1, alpha * X + beta)), alpha and beta rounded to X's dtype (as the numpy
+    forward does)."""
+    t = X.dtype.type
+    return _map(_hard_sigmoid, X, t(alpha), t(beta))
+
+
+@kernel("HardSwish", accepts=floats)
+def hard_swish(X):
+    """X * clamp(X + 3, 0, 6) / 6 in X's dtype (torch's formula, as the numpy forward)."""
+    t = X.dtype.type
+    return _map(_hard_swish, X, t(0), t(3), t(6))
+
+
 @kernel("Erf", accepts=floats)
 def erf(input):
     """The Gauss error function."""
@@ -304,6 +342,25 @@ def _clip_grad(dy, x, out, lo, hi):
         out[i] = dy[i] if (v >= lo and v <= hi) else 0.0
 
 
+@_jit
+def _hard_sigmoid_grad(dy, x, out, alpha, beta):
+    for i in range(dy.size):
+        v = x[i] * alpha + beta
+        out[i] = dy[i] * alpha if (v > 0 and v < 1) else 0.0
+
+
+@_jit
+def _hard_swish_grad(dy, x, out, three, half):
+    for i in range(dy.size):
+        v = x[i]
+        if v <= -three:
+            out[i] = 0.0
+        elif v < three:
+            out[i] = dy[i] * (v / three + half)
+        else:
+            out[i] = dy[i]
+
+
 # ----------------------------------------------------------------------- backward kernels
 
 
@@ -323,6 +380,21 @@ def sigmoid_grad(dY, Y):
 def tanh_grad(dY, Y):
     """dY * (1 - Y**2)."""
     return _map2(_tanh_grad, dY, Y)
+
+
+@kernel("HardSigmoidGrad", accepts=same_floats, domain="dfdl")
+def hard_sigmoid_grad(dY, X, *, alpha: float, beta: float):
+    """dY * alpha where 0 < alpha * X + beta < 1, else 0 (alpha and beta rounded to X's
+    dtype)."""
+    t = X.dtype.type
+    return _map2(_hard_sigmoid_grad, dY, X, t(alpha), t(beta))
+
+
+@kernel("HardSwishGrad", accepts=same_floats, domain="dfdl")
+def hard_swish_grad(dY, X):
+    """0 at and below X = -3, dY at and above 3, dY * (X / 3 + 1/2) between."""
+    t = X.dtype.type
+    return _map2(_hard_swish_grad, dY, X, t(3), t(0.5))
 
 
 @kernel("GeluGrad", accepts=_gelu_grad_accepts, domain="dfdl")

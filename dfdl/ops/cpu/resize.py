@@ -1,4 +1,5 @@
-"""numba kernels for Resize mode "linear" and its adjoint (float32/float64), per axis.
+"""numba kernels for Resize modes "linear" and "cubic" and their adjoint (float32/float64),
+per axis.
 
 Each pass views the tensor as ``(outer, L, inner)`` and computes
 ``out[o, j, i] = sum_k w[j, k] * x[o, idx[j, k], i]`` with a float64 accumulator;
@@ -60,13 +61,13 @@ def _resize_last_axis(x, out, idx, w, outside, fill):
             orow[j] = acc
 
 
-def _accepts_linear(X, *rest, mode="nearest", **attrs) -> bool:
-    return mode == "linear" and X.dtype in _KERNEL_DTYPES
+def _accepts_filter(X, *rest, mode="nearest", **attrs) -> bool:
+    return mode in ("linear", "cubic") and X.dtype in _KERNEL_DTYPES
 
 
-@kernel("Resize", accepts=_accepts_linear)
+@kernel("Resize", accepts=_accepts_filter)
 def resize(X, roi=None, scales=None, sizes=None, *, passes, extrapolation_value):
-    """numba linear Resize: ``passes`` (:func:`dfdl.ops.resize.forward_passes`) one axis
+    """numba linear or cubic Resize: ``passes`` (:func:`dfdl.ops.resize.forward_passes`) one axis
     after the other, ``extrapolation_value`` where a pass marks an output outside."""
     y = np.ascontiguousarray(X)
     for a, idx, w, outside, n_out in passes:

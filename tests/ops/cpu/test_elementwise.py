@@ -2,7 +2,9 @@
 parameters their ops resolve for them, and the float32 GELU kernels (dfdl.ops.cpu.gelu_f32,
 vectorizable exp/erfc) against a float64 libm reference over the whole float32 range,
 across chunk boundaries, and on the special values where the float64 kernels define the
-expected result. Kernels are called as tasks call them: ``REGISTRY[key].kernel("cpu")``."""
+expected result. Kernels are called as tasks call them: ``REGISTRY[key].kernel("cpu")``.
+Also the elementwise gradient rules against torch where a finite difference cannot
+decide (kinks, ties), and the shape rules' refusals."""
 
 from __future__ import annotations
 
@@ -13,10 +15,15 @@ import numba
 import numpy as np
 import pytest
 
-from dfdl.errors import UnsupportedOpError
+from dfdl.errors import ShapeError, UnsupportedOpError
+from dfdl.ir.bind import bind
+from dfdl.ir.onnx_io import to_ir
 from dfdl.ops import REGISTRY
 from dfdl.ops.cpu import elementwise as E
 from dfdl.ops.cpu import gelu_f32
+from dfdl.ops.registry import TensorType
+from dfdl.training.autodiff import gradients
+from tests.ops.case import OpCase
 
 _gelu = REGISTRY["Gelu"].kernel("cpu")
 _gelu_grad = REGISTRY["dfdl.GeluGrad"].kernel("cpu")
@@ -130,6 +137,10 @@ _KERNELS = {
     "dfdl.TanhGrad": E.tanh_grad,
     "dfdl.GeluGrad": E.gelu_grad,
     "dfdl.ClipGrad": E.clip_grad,
+    "HardSwish": E.hard_swish,
+    "HardSigmoid": E.hard_sigmoid,
+    "dfdl.HardSwishGrad": E.hard_swish_grad,
+    "dfdl.HardSigmoidGrad": E.hard_sigmoid_grad,
 }
 
 
@@ -176,6 +187,14 @@ _F64 = np.ones((3, 4), np.float64)
         ("dfdl.ClipGrad", [_F64, _F64, np.array(-1.0), np.array(1.0)], {}, True),
         ("dfdl.ClipGrad", [_F64, _F64, None, np.array(1.0)], {}, True),
         ("dfdl.ClipGrad", [_F32.astype(np.float16)] * 2, {}, False),
+        ("HardSwish", [_F32], {}, True),
+        ("HardSwish", [_F32.astype(np.float16)], {}, False),
+        ("HardSigmoid", [_F64], {"alpha": 0.25, "beta": 0.4}, True),
+        ("HardSigmoid", [_F32.astype(np.float16)], {}, False),
+        ("dfdl.HardSwishGrad", [_F32, _F32], {}, True),
+        ("dfdl.HardSwishGrad", [_F32, _F64], {}, False),
+        ("dfdl.HardSigmoidGrad", [_F64, _F64], {"alpha": 1 / 6}, True),
+        ("dfdl.HardSigmoidGrad", [_F32.astype(np.float16)] * 2, {}, False),
     ],
 )
 def test_accepts_exactly_the_kernels_tiles(key, inputs, attrs, taken):
@@ -202,6 +221,8 @@ def test_params_resolve_the_attribute_defaults():
     assert REGISTRY["Gelu"].params(x) == {"tanh": False}
     assert REGISTRY["dfdl.GeluGrad"].params(x, x, approximate="tanh") == {"tanh": True}
     assert REGISTRY["dfdl.ClipGrad"].params(x, x) == {"lo": -math.inf, "hi": math.inf}
+    assert REGISTRY["HardSigmoid"].params(x) == {"alpha": 0.2, "beta": 0.5}
+    assert REGISTRY["dfdl.HardSigmoidGrad"].params(x, x, beta=0.25) == {"alpha": 0.2, "beta": 0.25}
     lo = REGISTRY["dfdl.ClipGrad"].params(x, x, np.array([-0.25], np.float32))["lo"]
     assert lo == -0.25 and type(lo) is float  # a Python float: no float64 promotion
 
@@ -228,9 +249,167 @@ def test_kernels_with_params_match_their_forwards_bit_for_bit(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_hard_swish_and_hard_sigmoid_kernels_match_their_forwards_bit_for_bit(dtype):
+    # the kinks, their neighbours, signed zeros, infinities and NaN, then a dense grid
+    kinks = [-3.0, 3.0, -2.5, 2.5, -0.0, 0.0, np.inf, -np.inf, np.nan]
+    x = np.concatenate([kinks, np.nextafter(np.array([-3.0, 3.0]), 0)]).astype(dtype)
+    x = np.concatenate([x, np.linspace(-7, 7, 20_001, dtype=dtype)])
+    dy = np.random.default_rng(4).normal(0, 1, x.shape).astype(dtype)
+    for key, attrs in [("HardSwish", {}), ("HardSigmoid", {}), ("HardSigmoid", {"alpha": 1 / 6})]:
+        op = REGISTRY[key]
+        np.testing.assert_array_equal(op.kernel("cpu")(x, **attrs), op.forward(x, **attrs))
+    for key, attrs in [("dfdl.HardSwishGrad", {}), ("dfdl.HardSigmoidGrad", {"beta": 0.25})]:
+        op = REGISTRY[key]
+        np.testing.assert_array_equal(op.kernel("cpu")(dy, x, **attrs), op.forward(dy, x, **attrs))
+
+
 def test_a_dispatch_pickles_by_reference():
     # tasks carry the tile function to the workers: the table op's forward goes by name
     d = REGISTRY["Add"].kernel("cpu")
     back = pickle.loads(pickle.dumps(d))
     assert back.forward is REGISTRY["Add"].forward and back.kernel is E.add
     assert len(pickle.dumps(REGISTRY["Exp"].forward)) < 200
+
+
+# --------------------------------------------- gradient rules against torch, kinks and ties
+
+
+def _dfdl_grads(op: str, inputs: list, attrs: dict, dy: np.ndarray) -> list[np.ndarray]:
+    """The gradient of every input of ``op`` for the output gradient ``dy``, from dfdl's VJP
+    rule: the backward graph is evaluated node by node with the numpy forwards."""
+    case = OpCase(op, inputs, attrs)
+    g = bind(
+        to_ir(case.model()), {k: TensorType(v.shape, v.dtype) for k, v in case.feeds().items()}
+    )
+    g.initializers["seed"] = dy
+    g.types["seed"] = TensorType(dy.shape, dy.dtype)
+    names = case.input_names()
+    grads = gradients(g, g.outputs[0], names, seed="seed")
+    values = {**case.feeds(), **g.initializers}
+    for node in g.nodes:
+        ins = [values[i] if i else None for i in node.inputs]
+        out = REGISTRY[f"{node.domain}.{node.op_type}" if node.domain else node.op_type].forward(
+            *ins, **node.attrs
+        )
+        values[node.outputs[0]] = out
+    return [values[grads[n]] for n in names]
+
+
+def _torch_grads(fn, inputs: list, dy: np.ndarray) -> list[np.ndarray]:
+    torch = pytest.importorskip("torch")
+    ts = [torch.tensor(x, requires_grad=True) for x in inputs]
+    fn(*ts).backward(torch.tensor(dy))
+    return [t.grad.numpy() for t in ts]
+
+
+_TIES = [
+    np.array([[1.0, 2.0, -1.0, 0.0], [0.0, 5.0, 3.0, 7.0]], np.float32),
+    np.array([[1.0, 0.5, -1.0, 0.0], [0.0, 5.0, 4.0, 7.0]], np.float32),
+    np.array([1.0, 2.0, -1.0, 0.0], np.float32),
+]
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_max_and_min_split_ties_as_torch(op):
+    """Two inputs: torch.maximum/minimum (dy / 2 each at a tie); more inputs: torch.amax/
+    amin over the stacked inputs (dy shared evenly by every input holding the extreme),
+    broadcast inputs summed back to their shapes."""
+    torch = pytest.importorskip("torch")
+    dy = np.random.default_rng(1).normal(0, 1, (2, 4)).astype(np.float32)
+    pair = torch.maximum if op == "Max" else torch.minimum
+    two = _TIES[:2]
+    for got, want in zip(_dfdl_grads(op, two, {}, dy), _torch_grads(pair, two, dy)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    extreme = torch.amax if op == "Max" else torch.amin
+
+    def stacked(a, b, c):
+        return extreme(torch.stack(torch.broadcast_tensors(a, b, c)), dim=0)
+
+    for got, want in zip(_dfdl_grads(op, _TIES, {}, dy), _torch_grads(stacked, _TIES, dy)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def _activations():
+    import torch.nn.functional as F
+
+    return [
+        ("HardSwish", {}, F.hardswish),
+        ("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5}, F.hardsigmoid),
+        ("Elu", {"alpha": 0.7}, lambda x: F.elu(x, 0.7)),
+        ("Selu", {}, F.selu),
+        ("Celu", {"alpha": 1.5}, lambda x: F.celu(x, 1.5)),
+        ("Softplus", {}, F.softplus),
+        ("Softsign", {}, F.softsign),
+        ("Mish", {}, F.mish),
+        ("ThresholdedRelu", {"alpha": 0.5}, lambda x: F.threshold(x, 0.5, 0.0)),
+        ("ThresholdedRelu", {"alpha": -0.5}, lambda x: F.threshold(x, -0.5, 0.0)),
+    ]
+
+
+def test_activation_gradients_match_torch_at_their_kinks():
+    """The one-sided values torch takes at the kinks (HardSwish and HardSigmoid at +-3,
+    the ELUs and thresholds at 0 and alpha), and torch's values elsewhere."""
+    pytest.importorskip("torch")
+    x = np.array([-3.0, 3.0, -0.5, 0.0, 0.5, -5.0, 5.0, 1.5, -2.0, 25.0], np.float64)
+    dy = np.random.default_rng(2).normal(0, 1, x.shape)
+    for op, attrs, fn in _activations():
+        (got,) = _dfdl_grads(op, [x], attrs, dy)
+        (want,) = _torch_grads(fn, [x], dy)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=op)
+
+
+def test_prelu_and_mod_gradients_match_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x = np.concatenate([[0.0, -1.0, 2.0], rng.normal(0, 2, 21)]).reshape(2, 3, 4)
+    slope = rng.uniform(0, 0.5, (3, 1))
+    dy = rng.normal(0, 1, x.shape)
+    for got, want in zip(
+        _dfdl_grads("PRelu", [x, slope], {}, dy),
+        _torch_grads(lambda a, s: torch.where(a > 0, a, a * s), [x, slope], dy),
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    b = np.where(rng.random((3, 4)) < 0.5, -1, 1) * rng.uniform(0.5, 2, (3, 4))
+    for fmod, fn in [(0, torch.remainder), (1, torch.fmod)]:
+        for got, want in zip(
+            _dfdl_grads("Mod", [x, b], {"fmod": fmod}, dy), _torch_grads(fn, [x, b], dy)
+        ):
+            np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"fmod={fmod}")
+
+
+@pytest.mark.parametrize("op", ["Sum", "Mean"])
+def test_sum_and_mean_spread_the_gradient(op):
+    a, b, c = _TIES
+    dy = np.random.default_rng(5).normal(0, 1, (2, 4)).astype(np.float32)
+    share = dy if op == "Sum" else dy / np.float32(3)
+    got = _dfdl_grads(op, [a, b, c], {}, dy)
+    np.testing.assert_allclose(got[0], share, rtol=1e-6)
+    np.testing.assert_allclose(got[1], share, rtol=1e-6)
+    np.testing.assert_allclose(got[2], share.sum(0), rtol=1e-6)
+
+
+# ------------------------------------------------------------------- shape rule errors
+
+
+@pytest.mark.parametrize(
+    "op, types, attrs, error, match",
+    [
+        ("PRelu", [((2, 3), "f4"), ((3, 1), "f4")], {}, ShapeError, "unidirectional"),
+        ("PRelu", [((2, 3), "f4"), ((3,), "f8")], {}, ShapeError, "slope of X's dtype"),
+        ("PRelu", [((2, 3), "i1"), ((3,), "i1")], {}, ShapeError, "does not accept int8"),
+        ("Mod", [((2, 3), "f4"), ((3,), "f4")], {"fmod": 2}, UnsupportedOpError, "fmod 0 or 1"),
+        ("Mod", [((2, 3), "i4"), ((2,), "i4")], {}, ShapeError, "do not broadcast"),
+        ("Max", [], {}, ShapeError, "at least one input"),
+        ("Max", [((2, 3), "f4"), ((2, 3), "f8")], {}, ShapeError, "one dtype"),
+        ("Sum", [((2, 3), "i4")], {}, ShapeError, "does not accept int32"),
+        ("Celu", [((2, 3), "f4")], {"alpha": 0.0}, UnsupportedOpError, "nonzero alpha"),
+        ("And", [((2,), "f4"), ((2,), "f4")], {}, ShapeError, "does not accept float32"),
+        ("Round", [((2,), "i8")], {}, ShapeError, "does not accept int64"),
+        ("IsNaN", [((2,), "i4")], {}, ShapeError, "does not accept int32"),
+    ],
+)
+def test_shape_rules_refuse_what_the_spec_does_not_allow(op, types, attrs, error, match):
+    ins = [TensorType(s, np.dtype(d)) for s, d in types]
+    with pytest.raises(error, match=match):
+        REGISTRY[op].shape(ins, [None] * len(ins), **attrs)
