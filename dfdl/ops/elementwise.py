@@ -671,6 +671,23 @@ def _thresholded_relu_vjp(b, node, dys):
     return [b.op("Where", [above, dy, _const(b, 0, x, "zero")])]
 
 
+@register("Shrink", shape=_checked(same_shape, "Shrink", FLOAT), tile=elementwise_tile)
+def Shrink(input, *, bias=0.0, lambd=0.5):
+    """input - bias where input > lambd, input + bias where input < -lambd, else 0."""
+    t = input.dtype.type
+    out = np.where(input > t(lambd), input - t(bias), 0)
+    out = np.where(input < -t(lambd), input + t(bias), out)
+    return _arr(out, input.dtype)
+
+
+@defvjp("Shrink")
+def _shrink_vjp(b, node, dys):
+    lambd = float(node.attrs.get("lambd", 0.5))
+    x, dy = node.inputs[0], dys[0]
+    outside = b.op("Greater", [b.op("Abs", [x]), _const(b, lambd, x, "lambd")])
+    return [b.op("Where", [outside, dy, _const(b, 0, x, "zero")])]
+
+
 # ------------------------------------------------------------------------------ PRelu
 
 #: the dtypes PRelu-16 allows that numpy holds

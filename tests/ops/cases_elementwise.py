@@ -586,6 +586,9 @@ CASES += [
     OpCase("ThresholdedRelu", [rand(5, 7)], {"alpha": -0.5}, id="alpha_negative"),
     OpCase("ThresholdedRelu", [rand(3, 5, 7, dtype=F64)], {"alpha": 0.0}, id="f64_alpha0"),
     _f16("ThresholdedRelu", attrs={"alpha": 0.5}),
+    *_unary("Shrink"),
+    OpCase("Shrink", [rand(5, 7)], {"bias": 0.25, "lambd": 0.3}, id="soft"),
+    OpCase("Shrink", [rand(3, 5, 7, dtype=F64)], {"bias": 0.0, "lambd": 1.0}, id="f64_hard"),
     # PRelu: the slope broadcasts to X (unidirectionally)
     OpCase("PRelu", [rand(2, 3, 4, 5), rand(3, 1, 1, seed=1, low=0, high=0.5)], id="channel"),
     OpCase("PRelu", [rand(5, 7), rand(5, 7, seed=1)], id="same"),
