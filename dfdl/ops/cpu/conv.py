@@ -3,16 +3,17 @@ dfdl.ConvGradWeight): numba im2col / col2im around a BLAS GEMM, and faster kerne
 for the geometries that have one.
 
 For each convolution :func:`algorithm` picks the first implementation of
-:data:`ALGORITHMS` that applies to its forward geometry, for the forward and both
-gradients alike: the stride-1 3x3 stencils of :mod:`dfdl.ops.cpu.conv_direct` (few
-channels, large images: the 3-D U-Net), Winograd F(2x2, 3x3) of
-:mod:`dfdl.ops.cpu.winograd` (2-D, 3x3, stride 1, pad 1, float32, at least 32 channels:
-the ResNet's stages), the 1x1 kernels of :mod:`dfdl.ops.cpu.conv_pointwise` (a ResNet's
-shortcuts), else im2col: every convolution runs as 3-D, ``y = W @ im2col(x)``;
-ConvTranspose and ConvGradInput scatter ``W^T @ x`` with ``col2im``; ConvGradWeight is
-``dY @ im2col(x)^T``. The cols buffer is built in blocks of at most :data:`COLS_BYTES`,
-so the temporary stays bounded whatever the tile size. float32/float64 only; other
-dtypes use the numpy forward.
+:data:`ALGORITHMS` that applies to its forward geometry: the stride-1 3x3 stencils of
+:mod:`dfdl.ops.cpu.conv_direct` (few channels, large images: the 3-D U-Net), Winograd
+F(2x2, 3x3) of :mod:`dfdl.ops.cpu.winograd` (2-D, 3x3, stride 1, pad 1, float32, at
+least 32 channels: the ResNet's stages; the gradients only, since its forward's error
+flips ReLUs downstream and made float32 gradients less accurate than PyTorch's,
+``docs/design/float32-accuracy.md``), the 1x1 kernels of
+:mod:`dfdl.ops.cpu.conv_pointwise` (a ResNet's shortcuts), else im2col: every
+convolution runs as 3-D, ``y = W @ im2col(x)``; ConvTranspose and ConvGradInput scatter
+``W^T @ x`` with ``col2im``; ConvGradWeight is ``dY @ im2col(x)^T``. The cols buffer is
+built in blocks of at most :data:`COLS_BYTES`, so the temporary stays bounded whatever
+the tile size. float32/float64 only; other dtypes use the numpy forward.
 
 Guarantees: the choice depends only on a tile's geometry and dtype, never on timing or
 the machine, so a run repeats bit for bit. :func:`run_conv`, :func:`run_grad_input`
@@ -23,11 +24,11 @@ benchmarks compare them. The kernels receive the resolved geometry of
 Example:
     >>> algorithm((8, 64, 16, 16), (64, 64, 3, 3), np.float32, kernel_shape=(3, 3),
     ...           strides=(1, 1), dilations=(1, 1), pads_begin=(1, 1), pads_end=(1, 1),
-    ...           out_spatial=(16, 16), group=1)
+    ...           out_spatial=(16, 16), group=1, gradient=True)
     'winograd'
 
 Measurements: ``docs/design/conv-direct.md``, ``winograd.md``, ``conv-pointwise.md``,
-``im2col-in-place.md``.
+``im2col-in-place.md``, ``float32-accuracy.md``.
 """
 
 from __future__ import annotations
@@ -256,24 +257,31 @@ def algorithm(
     pads_end,
     out_spatial,
     group,
+    gradient: bool = False,
 ) -> str:
     """The implementation the kernels pick for a convolution of this forward geometry
-    (the Conv's, or the one whose gradient is taken): ``"direct"``
-    (:mod:`dfdl.ops.cpu.conv_direct`), ``"winograd"`` (:mod:`dfdl.ops.cpu.winograd`),
-    ``"pointwise"`` (:mod:`dfdl.ops.cpu.conv_pointwise`) or ``"im2col"``, the first that
-    applies.
+    (the Conv's, or, with ``gradient``, the one whose dX or dW is taken): ``"direct"``
+    (:mod:`dfdl.ops.cpu.conv_direct`), ``"winograd"`` (:mod:`dfdl.ops.cpu.winograd`,
+    gradients only), ``"pointwise"`` (:mod:`dfdl.ops.cpu.conv_pointwise`) or
+    ``"im2col"``, the first that applies. The forward leaves Winograd out: its float32
+    error (1.2x im2col's, 2x PyTorch's) flips ReLUs after the BatchNormalizations that
+    follow, and a DenseNet's float32 gradient ended 7x further from float64 than
+    PyTorch's; the gradients' Winograd changed nothing measurable
+    (``docs/design/float32-accuracy.md``).
 
     Example:
         >>> algorithm((8, 64, 16, 16), (64, 64, 3, 3), np.float32, kernel_shape=(3, 3),
         ...           strides=(1, 1), dilations=(1, 1), pads_begin=(1, 1), pads_end=(1, 1),
-        ...           out_spatial=(16, 16), group=1)
+        ...           out_spatial=(16, 16), group=1, gradient=True)
         'winograd'
     """
     if conv_direct.applies(
         x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, out_spatial, dtype
     ):
         return "direct"
-    if winograd.applies(x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, dtype):
+    if gradient and winograd.applies(
+        x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, dtype
+    ):
         return "winograd"
     if conv_pointwise.applies(w_shape, group, pads_begin, pads_end):
         return "pointwise"
@@ -578,7 +586,7 @@ def conv_grad_input(
         out_spatial=out_spatial,
         group=group,
     )
-    algo = algorithm(input_shape, W.shape, dY.dtype, **geo)
+    algo = algorithm(input_shape, W.shape, dY.dtype, **geo, gradient=True)
     return run_grad_input(algo, dY, W, **geo, input_shape=input_shape)
 
 
@@ -677,5 +685,5 @@ def conv_grad_weight(
         out_spatial=out_spatial,
         group=group,
     )
-    algo = algorithm(X.shape, weight_shape, X.dtype, **geo)
+    algo = algorithm(X.shape, weight_shape, X.dtype, **geo, gradient=True)
     return run_grad_weight(algo, X, dY, **geo, weight_shape=weight_shape)

@@ -9,7 +9,9 @@ transformed back (``Y = A^T M A``), in blocks of :data:`BLOCK_BYTES` that stay i
 :func:`conv` is the forward and, on dY with the flipped, transposed filter, the input
 gradient (``dfdl.ConvGradInput``); :func:`conv_grad_weight` is the forward's adjoint in
 the filter. :func:`applies` says which convolutions it takes (float32, one group,
-:data:`MIN_CHANNELS` channels or more); :mod:`dfdl.ops.cpu.conv` picks it by name.
+:data:`MIN_CHANNELS` channels or more); :mod:`dfdl.ops.cpu.conv` picks it for the two
+gradients (the forward runs im2col: ``docs/design/float32-accuracy.md``) and runs it by
+name.
 
 Guarantees: the result differs from the direct sum by rounding only (the transforms'
 coefficients are 0, ±1 and ±1/2) and is the same from run to run; dfdl's tests compare
