@@ -219,9 +219,10 @@ def _hf_vit(tr):
 
 
 def _densenet(tv):
-    # DenseNet-121's layout (6, 12, 24, 16 layers), narrow: growth 8, 16 initial features
+    # DenseNet-121's four blocks at half their depth (3, 6, 12, 8 layers), narrow: growth
+    # 8, 16 initial features (the full layout: tests/models/test_float32_accuracy.py)
     return tv.models.DenseNet(
-        growth_rate=8, block_config=(6, 12, 24, 16), num_init_features=16, bn_size=2, num_classes=5
+        growth_rate=8, block_config=(3, 6, 12, 8), num_init_features=16, bn_size=2, num_classes=5
     )
 
 
@@ -293,7 +294,7 @@ _FAMILIES = [
         "torchvision",
         lambda tv: tv.models.squeezenet1_1(num_classes=5, dropout=0.0),
     ),
-    Family("densenet", "DenseNet-121 layout (growth 8)", "torchvision", _densenet),
+    Family("densenet", "DenseNet (blocks 3-6-12-8, growth 8)", "torchvision", _densenet),
     Family("convnext", "ConvNeXt (4 stages, 16-128 ch.)", "torchvision", _convnext),
     Family("regnet", "RegNetY (depth 6, w0 16, SE)", "torchvision", _regnet),
     Family("vit", "ViT (torchvision, 2 layers, dim 32)", "torchvision", _tv_vit, image=SMALL_IMAGE),

@@ -48,7 +48,9 @@ def test_release_returns_free_heap_pages_in_the_middle_of_the_heap():
     heap.release_free_heap()
     released = psutil.Process().memory_info().rss
     assert after_free - released > 128 * MiB
-    assert heap.free_heap_bytes() < free
+    # malloc still counts the released middle pages as free (madvise keeps its chunks);
+    # only a trimmed top shrinks the count, and the heap's top may be in use
+    assert heap.free_heap_bytes() <= free
     fragment_keep.clear()
 
 
