@@ -12,13 +12,14 @@ them (``|w - w64| / |w64 - w0|``, which after one step is the gradient's relativ
 The gradient error of one batch is a lottery: it is dominated by a few ReLUs and max
 pools whose inputs sit within rounding of a tie, which float32 decides the other way
 (their number grows with the forward's error), so PyTorch's own error ranges over 7x
-from batch to batch. The test compares geometric means over the three batches. A float32
-loss is rounded once computed, so loss errors below one float32 ulp (2**-23) count as
-one ulp.
+from batch to batch. The first loss's error is one too, in units of a float32 ulp: one
+tie decided the other way moves it by 2 ulps (over 12 batches PyTorch's ranged from below
+one ulp to 4). Both tests compare geometric means over the three batches. A float32 loss
+is rounded once computed, so loss errors below one float32 ulp (2**-23) count as one ulp.
 
-Before Winograd left the forward convolutions (``docs/design/float32-accuracy.md``) this
-failed: dfdl's gradient error was 3.6x PyTorch's (8.9e-3 against 2.5e-3) and the first
-batch's loss 3 ulps off.
+With a Winograd forward that summed all channels in float32 this failed: dfdl's gradient
+error was 3.6x PyTorch's (8.9e-3 against 2.5e-3) and the first batch's loss 3 ulps off
+(``docs/design/float32-accuracy.md``).
 """
 
 from __future__ import annotations
@@ -61,10 +62,15 @@ def errors(client):
     return out
 
 
+def _geometric_mean(values) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
 def test_loss_error_is_within_twice_pytorch_s(errors):
-    for seed, (theirs, ours) in zip(SEEDS, errors):
-        (t,), (o,) = theirs["step"], ours["step"]
-        assert o <= 2 * max(t, ULP), f"seed {seed}: dfdl {o:.2e} > 2 x max(PyTorch {t:.2e}, ulp)"
+    theirs = [max(t["step"][0], ULP) for t, _ in errors]
+    ours = [max(o["step"][0], ULP) for _, o in errors]
+    gm_theirs, gm_ours = _geometric_mean(theirs), _geometric_mean(ours)
+    assert gm_ours <= 2 * gm_theirs, f"dfdl {ours} (gm {gm_ours:.2e}) > 2 x PyTorch {theirs}"
 
 
 def test_gradient_error_is_within_twice_pytorch_s(errors):
@@ -72,5 +78,5 @@ def test_gradient_error_is_within_twice_pytorch_s(errors):
     ours = [o["weights"] for _, o in errors]
     # the reference moved the weights: every relative error is defined and finite
     assert all(0 < e < 1 for e in theirs + ours)
-    gm_theirs, gm_ours = (float(np.exp(np.mean(np.log(e)))) for e in (theirs, ours))
+    gm_theirs, gm_ours = _geometric_mean(theirs), _geometric_mean(ours)
     assert gm_ours <= 2 * gm_theirs, f"dfdl {ours} (gm {gm_ours:.2e}) > 2 x PyTorch {theirs}"

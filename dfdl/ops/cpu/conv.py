@@ -6,9 +6,8 @@ For each convolution :func:`algorithm` picks the first implementation of
 :data:`ALGORITHMS` that applies to its forward geometry: the stride-1 3x3 stencils of
 :mod:`dfdl.ops.cpu.conv_direct` (few channels, large images: the 3-D U-Net), Winograd
 F(2x2, 3x3) of :mod:`dfdl.ops.cpu.winograd` (2-D, 3x3, stride 1, pad 1, float32, at
-least 32 channels: the ResNet's stages; the gradients only, since its forward's error
-flips ReLUs downstream and made float32 gradients less accurate than PyTorch's,
-``docs/design/float32-accuracy.md``), the 1x1 kernels of
+least 32 channels: the ResNet's stages; its forward sums the channels in blocks added
+in float64, ``docs/design/float32-accuracy.md``), the 1x1 kernels of
 :mod:`dfdl.ops.cpu.conv_pointwise` (a ResNet's shortcuts), else im2col: every
 convolution runs as 3-D, ``y = W @ im2col(x)``; ConvTranspose and ConvGradInput scatter
 ``W^T @ x`` with ``col2im``; ConvGradWeight is ``dY @ im2col(x)^T``. The cols buffer is
@@ -24,7 +23,7 @@ benchmarks compare them. The kernels receive the resolved geometry of
 Example:
     >>> algorithm((8, 64, 16, 16), (64, 64, 3, 3), np.float32, kernel_shape=(3, 3),
     ...           strides=(1, 1), dilations=(1, 1), pads_begin=(1, 1), pads_end=(1, 1),
-    ...           out_spatial=(16, 16), group=1, gradient=True)
+    ...           out_spatial=(16, 16), group=1)
     'winograd'
 
 Measurements: ``docs/design/conv-direct.md``, ``winograd.md``, ``conv-pointwise.md``,
@@ -257,31 +256,24 @@ def algorithm(
     pads_end,
     out_spatial,
     group,
-    gradient: bool = False,
 ) -> str:
     """The implementation the kernels pick for a convolution of this forward geometry
-    (the Conv's, or, with ``gradient``, the one whose dX or dW is taken): ``"direct"``
-    (:mod:`dfdl.ops.cpu.conv_direct`), ``"winograd"`` (:mod:`dfdl.ops.cpu.winograd`,
-    gradients only), ``"pointwise"`` (:mod:`dfdl.ops.cpu.conv_pointwise`) or
-    ``"im2col"``, the first that applies. The forward leaves Winograd out: its float32
-    error (1.2x im2col's, 2x PyTorch's) flips ReLUs after the BatchNormalizations that
-    follow, and a DenseNet's float32 gradient ended 7x further from float64 than
-    PyTorch's; the gradients' Winograd changed nothing measurable
-    (``docs/design/float32-accuracy.md``).
+    (the Conv's, or the one whose dX or dW is taken): ``"direct"``
+    (:mod:`dfdl.ops.cpu.conv_direct`), ``"winograd"`` (:mod:`dfdl.ops.cpu.winograd`),
+    ``"pointwise"`` (:mod:`dfdl.ops.cpu.conv_pointwise`) or ``"im2col"``, the first
+    that applies; the gradients run the same implementation as the forward.
 
     Example:
         >>> algorithm((8, 64, 16, 16), (64, 64, 3, 3), np.float32, kernel_shape=(3, 3),
         ...           strides=(1, 1), dilations=(1, 1), pads_begin=(1, 1), pads_end=(1, 1),
-        ...           out_spatial=(16, 16), group=1, gradient=True)
+        ...           out_spatial=(16, 16), group=1)
         'winograd'
     """
     if conv_direct.applies(
         x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, out_spatial, dtype
     ):
         return "direct"
-    if gradient and winograd.applies(
-        x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, dtype
-    ):
+    if winograd.applies(x_shape, w_shape, strides, dilations, group, pads_begin, pads_end, dtype):
         return "winograd"
     if conv_pointwise.applies(w_shape, group, pads_begin, pads_end):
         return "pointwise"
@@ -553,7 +545,8 @@ def run_grad_input(
     if algo == "winograd":
         # dX of a 3x3 stride-1 pad-1 conv: the same conv of dY with W flipped, C <-> C_out
         flipped = np.ascontiguousarray(W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
-        return winograd.conv(dY, flipped).reshape(input_shape)
+        # one float32 sum over the channels: dX's error changed no gradient measurably
+        return winograd.conv(dY, flipped, sum_channels=None).reshape(input_shape)
     if algo == "pointwise":
         return conv_pointwise.conv_grad_input(dY, W, strides, input_shape)
     # dX is the transposed convolution of dY with the same W, pads and strides
@@ -586,7 +579,7 @@ def conv_grad_input(
         out_spatial=out_spatial,
         group=group,
     )
-    algo = algorithm(input_shape, W.shape, dY.dtype, **geo, gradient=True)
+    algo = algorithm(input_shape, W.shape, dY.dtype, **geo)
     return run_grad_input(algo, dY, W, **geo, input_shape=input_shape)
 
 
@@ -685,5 +678,5 @@ def conv_grad_weight(
         out_spatial=out_spatial,
         group=group,
     )
-    algo = algorithm(X.shape, weight_shape, X.dtype, **geo, gradient=True)
+    algo = algorithm(X.shape, weight_shape, X.dtype, **geo)
     return run_grad_weight(algo, X, dY, **geo, weight_shape=weight_shape)

@@ -9,9 +9,15 @@ transformed back (``Y = A^T M A``), in blocks of :data:`BLOCK_BYTES` that stay i
 :func:`conv` is the forward and, on dY with the flipped, transposed filter, the input
 gradient (``dfdl.ConvGradInput``); :func:`conv_grad_weight` is the forward's adjoint in
 the filter. :func:`applies` says which convolutions it takes (float32, one group,
-:data:`MIN_CHANNELS` channels or more); :mod:`dfdl.ops.cpu.conv` picks it for the two
-gradients (the forward runs im2col: ``docs/design/float32-accuracy.md``) and runs it by
-name.
+:data:`MIN_CHANNELS` channels or more); :mod:`dfdl.ops.cpu.conv` picks it and runs it
+by name.
+
+The forward sums the channels in blocks of :data:`SUM_CHANNELS`: one float32 GEMM per
+block, the blocks' products added in float64 by the output transform. A float32 sum over
+all channels made the forward's error grow with the channels (2x im2col's at 256), and
+the ReLUs downstream turned it into float32 gradients less accurate than PyTorch's; the
+blocks bring it to im2col's at 70-80% of im2col's time
+(``docs/design/float32-accuracy.md``).
 
 Guarantees: the result differs from the direct sum by rounding only (the transforms'
 coefficients are 0, ±1 and ±1/2) and is the same from run to run; dfdl's tests compare
@@ -40,6 +46,9 @@ MIN_CHANNELS = 32
 BLOCK_BYTES = 4 << 20
 #: fewest tiles per block (the GEMMs' rows), whatever the channels
 MIN_BLOCK_TILES = 64
+#: input channels per float32 GEMM of the forward; the blocks' products are summed in
+#: float64 (``docs/design/float32-accuracy.md``)
+SUM_CHANNELS = 64
 #: bytes of padded channels-last copies (input, and dY for the weight gradient) made at
 #: once: samples are transformed in chunks of this size, so a kernel's temporaries stay
 #: a few MiB whatever the tile (the planner counts a task's outputs again, not its inputs)
@@ -160,20 +169,28 @@ def _input_transform(xp, t0, t1, th, tw, v):
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _output_transform(mm, t0, t1, th, tw, y):
-    """``y``'s 2x2 blocks of tiles ``t0:t1`` from ``A^T M A``, ``mm`` (16, tiles, C_out)
-    the GEMMs' products; blocks past ``y``'s edge (odd sizes) are cut."""
-    m = mm.shape[2]
+    """``y``'s 2x2 blocks of tiles ``t0:t1`` from ``A^T M A``, ``M`` the sum over the
+    first axis of ``mm`` (blocks of channels, 16, tiles, C_out), the GEMMs' products,
+    taken in float64; blocks past ``y``'s edge (odd sizes) are cut."""
+    nb, m = mm.shape[0], mm.shape[3]
     h, w = y.shape[2], y.shape[3]
     per = th * tw
-    f = np.empty((2, 4, m), mm.dtype)
+    total = np.empty((16, m), np.float64)
+    f = np.empty((2, 4, m), np.float64)
     for t in range(t0, t1):
         s, r, q = _origin(t, per, tw)
         k = t - t0
+        for p in range(16):
+            for o in range(m):
+                total[p, o] = mm[0, p, k, o]
+            for b in range(1, nb):
+                for o in range(m):
+                    total[p, o] += mm[b, p, k, o]
         # rows: A^T M
         for b in range(4):
             for o in range(m):
-                m0, m1 = mm[b, k, o], mm[4 + b, k, o]
-                m2, m3 = mm[8 + b, k, o], mm[12 + b, k, o]
+                m0, m1 = total[b, o], total[4 + b, o]
+                m2, m3 = total[8 + b, o], total[12 + b, o]
                 f[0, b, o] = m0 + m1 + m2
                 f[1, b, o] = m1 - m2 - m3
         for a in range(2):
@@ -186,9 +203,11 @@ def _output_transform(mm, t0, t1, th, tw, y):
                     y[s, o, r + a, q + 1] = f1 - f2 - f3
 
 
-def conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def conv(x: np.ndarray, w: np.ndarray, *, sum_channels: int | None = SUM_CHANNELS) -> np.ndarray:
     """3x3 convolution, stride 1, one pixel of zero padding, no bias: ``x`` (N, C, H, W),
-    ``w`` (C_out, C, 3, 3) -> (N, C_out, H, W).
+    ``w`` (C_out, C, 3, 3) -> (N, C_out, H, W). The channels are summed in float32 GEMMs of
+    ``sum_channels`` each, added in float64 (``None``: one GEMM over all channels, the
+    input gradient's choice, whose error did not matter).
 
     Example:
         >>> conv(np.ones((1, 16, 2, 2), np.float32), np.ones((16, 16, 3, 3), np.float32)
@@ -198,6 +217,8 @@ def conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     n, c, h, wd = x.shape
     m = w.shape[0]
     th, tw = (h + 1) // 2, (wd + 1) // 2
+    step = c if sum_channels is None else max(1, int(sum_channels))
+    sums = -(-c // step)
     u = _filters(w)
     y = np.empty((n, m, h, wd), x.dtype)
     v = mm = None
@@ -205,15 +226,18 @@ def conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         xp = _padded(x[n0:n1], th, tw)
         tiles = (n1 - n0) * th * tw
         if v is None:
-            block = _block(tiles, c, x.itemsize)
+            # the blocks' products stay as large as one whole product was
+            block = min(tiles, max(MIN_BLOCK_TILES, _block(tiles, c, x.itemsize) // sums))
             v = np.empty((16, block, c), x.dtype)
-            mm = np.empty((16, block, m), x.dtype)
+            mm = np.empty((sums, 16, block, m), x.dtype)
         block = v.shape[1]
         for t0 in range(0, tiles, block):
             t1 = min(t0 + block, tiles)
             k = t1 - t0
             _input_transform(xp, t0, t1, th, tw, v)
-            matmul(v[:, :k], u, out=mm[:, :k])
+            for b in range(sums):
+                c0, c1 = b * step, min(c, (b + 1) * step)
+                matmul(v[:, :k, c0:c1], u[:, c0:c1], out=mm[b, :, :k])
             _output_transform(mm, t0, t1, th, tw, y[n0:n1])
     return y
 
