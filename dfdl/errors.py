@@ -120,3 +120,15 @@ class DataError(DfdlError, ValueError):
 
 class TrainingError(DfdlError, RuntimeError):
     """Training stopped: the loss became NaN or infinite (the step is named)."""
+
+
+class DfdlWarning(UserWarning):
+    """Base class of the warnings dfdl gives: the run goes on, but probably not as the
+    user meant it."""
+
+
+class FoldedParametersWarning(DfdlWarning):
+    """The model was written by torch's optimizing exporter (``optimize=True``, the
+    default), which stores copies of parameters it folded (transposed, expanded to the
+    example's batch, merged): training trains the copies, not the network PyTorch
+    trains. Export with ``torch.onnx.export(..., optimize=False)`` to train."""

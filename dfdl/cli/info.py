@@ -73,7 +73,7 @@ def describe_model(model, title: str = "model", conversion_failure: str = "") ->
 
     from dfdl.ir.bind import describe_unsupported, unsupported_ops
     from dfdl.ir.graph import Node
-    from dfdl.ir.onnx_io import MAX_OPSET, MIN_OPSET, converted_from
+    from dfdl.ir.onnx_io import MAX_OPSET, MIN_OPSET, converted_from, exporter_folded
     from dfdl.ops import lookup
     from dfdl.ops.registry import ONNX_DOMAINS
     from dfdl.plan.estimate import format_bytes
@@ -106,6 +106,13 @@ def describe_model(model, title: str = "model", conversion_failure: str = "") ->
         if op is not None and op.fold_only:
             mark = "supported (constant path, folded at plan time)"
         lines.append(f"  {_op_name(domain, op_type):{width}s} {count:6d}  {mark}")
+    folded = exporter_folded(model)
+    if folded:
+        lines.append(
+            f"folded by torch's optimizing exporter: {len(folded)} "
+            f"initializer{'s' if len(folded) > 1 else ''} (training them is not PyTorch's "
+            "training; export with optimize=False)"
+        )
     count, nbytes = _parameter_size(g.initializer)
     lines.append(
         f"parameters: {count:,} values in {len(g.initializer)} initializers, {format_bytes(nbytes)}"

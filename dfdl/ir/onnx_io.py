@@ -420,11 +420,7 @@ def exporter_constants(model: onnx.ModelProto) -> list[str]:
         ['val_7', 'val_154', 'val_198', 'val_160']
     """
     g = model.graph
-    marked = {
-        vi.name
-        for vi in (*g.input, *g.value_info)
-        if any(p.key == TORCH_INPUT_KIND for p in vi.metadata_props)
-    }
+    marked = _torch_marked(g)
     if not marked:
         return []
     out = []
@@ -435,6 +431,42 @@ def exporter_constants(model: onnx.ModelProto) -> list[str]:
         if a.size <= 1 or not np.all(np.abs(a) < np.finfo(a.dtype).max):
             out.append(t.name)
     return out
+
+
+def exporter_folded(model: onnx.ModelProto) -> list[str]:
+    """Float initializers that torch's optimizing exporter made from parameters.
+
+    With ``optimize=True`` (the default) torch's exporter folds what it can compute
+    ahead: a weight is stored transposed, a class token already expanded to the example's
+    batch, equal LayerNorm parameters merged into one, each as a new, unmarked
+    initializer. Training such a file trains those copies as parameters of their own: a
+    different network than PyTorch's. In a file with torch's parameter marks
+    (:data:`TORCH_INPUT_KIND`), these are the unmarked float initializers that are not
+    :func:`exporter_constants`; files without the marks give ``[]``.
+
+    Example:
+        >>> exporter_folded(onnx.load("vit-default.onnx"))  # doctest: +SKIP
+        ['expand', 'val_14']
+    """
+    g = model.graph
+    marked = _torch_marked(g)
+    if not marked:
+        return []
+    constants = set(exporter_constants(model))
+    return [
+        t.name
+        for t in g.initializer
+        if t.name not in marked and t.name not in constants and t.data_type in _FLOAT_ELEM_TYPES
+    ]
+
+
+def _torch_marked(g: onnx.GraphProto) -> set[str]:
+    """Names of the values torch's exporter marked with :data:`TORCH_INPUT_KIND`."""
+    return {
+        vi.name
+        for vi in (*g.input, *g.value_info)
+        if any(p.key == TORCH_INPUT_KIND for p in vi.metadata_props)
+    }
 
 
 _FLOAT_ELEM_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)

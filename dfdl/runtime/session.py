@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,8 +34,8 @@ from distributed.scheduler import KilledWorker
 
 from dfdl.data.checks import check_labels, split_data
 from dfdl.data.order import batch_plan, steps_per_epoch
-from dfdl.errors import ConfigError, DataError
-from dfdl.ir.onnx_io import ModelLike, load_model, to_ir
+from dfdl.errors import ConfigError, DataError, FoldedParametersWarning
+from dfdl.ir.onnx_io import ModelLike, exporter_folded, load_model, to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import StepPlan, Workers, choose_variant, training_plan
 from dfdl.runtime import checkpoint
@@ -173,6 +174,19 @@ class TrainingSession:
         self.proto = load_model(model)
         self.graph = to_ir(self.proto)
         self.name = _model_name(model, self.proto)
+        folded = exporter_folded(self.proto)
+        if folded:
+            shown = ", ".join(folded[:3]) + (
+                f" and {len(folded) - 3} more" if len(folded) > 3 else ""
+            )
+            warnings.warn(
+                f"{self.name} was written by torch's optimizing exporter (optimize=True), "
+                f"which stored copies of parameters it folded ({shown}): training trains "
+                "those copies, not the network PyTorch trains; export with "
+                "torch.onnx.export(..., optimize=False) to train it",
+                FoldedParametersWarning,
+                stacklevel=3,
+            )
         self.X, self.y = split_data(data, "data")
         if len(self.graph.inputs) != 1:
             raise ConfigError(

@@ -9,7 +9,13 @@ import dfdl.models
 from dfdl.cli import main
 from dfdl.cli.info import describe_model
 from tests.cli.helpers import dfdl_cli
-from tests.ir.helpers import make_model, opset9_model, unconvertible_model, vi
+from tests.ir.helpers import (
+    make_model,
+    opset9_model,
+    torch_marked_model,
+    unconvertible_model,
+    vi,
+)
 
 
 def test_info_lists_supported_ops_and_parameters(work):
@@ -78,3 +84,9 @@ def test_info_lists_every_unsupported_op_with_its_nodes():
         "NOT",
         "SUPPORTED",
     ]
+
+
+def test_info_says_which_initializers_torchs_optimizer_folded():
+    line = "folded by torch's optimizing exporter: 1 initializer (training them"
+    assert line in describe_model(torch_marked_model(folded=True))
+    assert "folded" not in describe_model(torch_marked_model(folded=False))

@@ -120,3 +120,36 @@ def unconvertible_model() -> onnx.ModelProto:
         helper.make_node("Relu", ["q"], ["y"], name="relu0"),
     ]
     return make_model(nodes, [vi("x", [2, 4])], [vi("y", [2, 8])], opset=1)
+
+
+def torch_marked_model(folded: bool):
+    """``y = x @ w @ v`` as torch's exporter writes it: ``w`` marked as a parameter,
+    ``v`` marked too, or (``folded``) an unmarked copy the optimizer made."""
+    from dfdl.ir.onnx_io import TORCH_INPUT_KIND
+
+    f32 = np.float32
+    v_name = "val_12" if folded else "v"
+    inits = [
+        numpy_helper.from_array(np.eye(4, dtype=f32), "w"),
+        numpy_helper.from_array(np.eye(4, dtype=f32) * 0.5, v_name),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"]),
+        helper.make_node("MatMul", ["a", v_name], ["y"]),
+    ]
+    marked = ["w"] if folded else ["w", "v"]
+    vis = []
+    for name in marked:
+        vi = helper.make_tensor_value_info(name, TensorProto.FLOAT, [4, 4])
+        entry = vi.metadata_props.add()
+        entry.key, entry.value = TORCH_INPUT_KIND, "PARAMETER"
+        vis.append(vi)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        inits,
+        value_info=vis,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import warnings
 
 import numpy as np
 import onnx
@@ -365,3 +366,37 @@ def test_files_without_torch_marks_have_no_exporter_constants():
     from dfdl.ir.onnx_io import exporter_constants
 
     assert exporter_constants(_marked_model(False)) == []
+
+
+def test_exporter_folded_are_the_unmarked_tensors():
+    from dfdl.ir.onnx_io import exporter_folded
+
+    assert exporter_folded(_marked_model(True)) == ["val_12"]
+    # without torch's marks nothing tells a folded copy from a parameter
+    assert exporter_folded(_marked_model(False)) == []
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_exporter_folded_finds_what_torchs_optimizer_folds(optimize):
+    torch = pytest.importorskip("torch")
+    import io
+
+    from dfdl.ir.onnx_io import exporter_folded
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token = torch.nn.Parameter(torch.randn(1, 1, 8))
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(torch.cat([self.token.expand(x.shape[0], -1, -1), x], 1))
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net(), (torch.randn(2, 4, 8),), buf, dynamo=True, optimize=optimize)
+    folded = exporter_folded(onnx.load_from_string(buf.getvalue()))
+    # the optimizer stores the token expanded to the example's batch and the weight
+    # transposed, as new initializers; without it the file holds the parameters themselves
+    assert (len(folded) == 2) if optimize else (folded == []), folded
