@@ -442,7 +442,8 @@ def exporter_folded(model: onnx.ModelProto) -> list[str]:
     initializer. Training such a file trains those copies as parameters of their own: a
     different network than PyTorch's. In a file with torch's parameter marks
     (:data:`TORCH_INPUT_KIND`), these are the unmarked float initializers that are not
-    :func:`exporter_constants`; files without the marks give ``[]``.
+    :func:`exporter_constants` and carry a name the optimizer makes up; files without the
+    marks give ``[]``.
 
     Example:
         >>> exporter_folded(onnx.load("vit-default.onnx"))  # doctest: +SKIP
@@ -453,11 +454,24 @@ def exporter_folded(model: onnx.ModelProto) -> list[str]:
     if not marked:
         return []
     constants = set(exporter_constants(model))
+    names = {t.name for t in g.initializer}
     return [
         t.name
         for t in g.initializer
-        if t.name not in marked and t.name not in constants and t.data_type in _FLOAT_ELEM_TYPES
+        if t.name not in marked
+        and t.name not in constants
+        and t.data_type in _FLOAT_ELEM_TYPES
+        and _made_by_exporter(t.name, names)
     ]
+
+
+def _made_by_exporter(name: str, initializers: set[str]) -> bool:
+    """Whether an unmarked initializer's name is one torch's optimizer gives a value it
+    made (``val_12``, ``expand``, ``embedding_1``): no module path. Unmarked module paths
+    are the parameters themselves (``stem.0.weight``: the optimizer rewrote the Conv and
+    dropped the mark) or a BatchNormalization folded into the convolution before it
+    (``conv1.weight_bias``), which PyTorch's fused eval-mode module trains the same way."""
+    return "." not in name
 
 
 def _torch_marked(g: onnx.GraphProto) -> set[str]:
