@@ -72,5 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
+        from dfdl.runtime.cluster import close_embedded
+
+        # now, not at the interpreter's exit, after the client's thread pool has closed
+        close_embedded(quiet=True)
         print("dfdl: interrupted", file=sys.stderr)
         return 130

@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import functools
 import gc
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -341,14 +342,47 @@ def embedded_client():
         return client
 
 
-def close_embedded() -> None:
+def close_embedded(quiet: bool = False) -> None:
     """Shut the embedded cluster down (a later call starts a new one).
+
+    Args:
+        quiet: silence Dask's and tornado's logs first, here and in the workers: after
+            an interrupt, each task cut short would log a warning or a traceback.
 
     Example:
         >>> close_embedded()
     """
     with _embedded_lock:
+        if quiet:
+            _silence_logs()
+            client = _embedded.get("client")
+            try:
+                if client is not None and client.status == "running":
+                    client.run(_silence_logs)
+            except Exception:  # noqa: BLE001 - workers already gone: nothing to silence
+                pass
         _close_embedded()
+        if quiet:
+            _close_half_started()
+
+
+def _close_half_started() -> None:
+    """Close clusters an interrupt left half started: distributed's exit hook would fail
+    on them with a traceback (an AssertionError on a worker still starting)."""
+    from distributed.deploy.spec import SpecCluster
+
+    for cluster in list(SpecCluster._instances):
+        if str(getattr(cluster, "status", "")).endswith("closed"):
+            continue
+        try:
+            cluster.close(timeout=5)
+        except Exception:  # noqa: BLE001 - nothing left to save; keep the exit quiet
+            cluster.shutdown_on_close = False
+
+
+def _silence_logs() -> None:
+    for name in ("distributed", "tornado"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def _close_embedded() -> None:

@@ -19,7 +19,10 @@ restarts. :func:`dfdl.LocalCluster`, the embedded cluster and
   a core as soon as they have a message; nice only orders threads that want one core;
 - leaves Dask's "Pausing worker" / "Resuming worker" warnings out of the log when the
   worker pauses at its spill line (:func:`dfdl.runtime.cluster.pause_at_spill`), where
-  pausing is routine; a worker that stays paused is still reported by the trainer.
+  pausing is routine; a worker that stays paused is still reported by the trainer;
+- leaves Ctrl-C to the worker's nanny (:func:`leave_interrupts_to_nanny`): a terminal's
+  Ctrl-C reaches every process of its group, and a worker that dies of it mid-task
+  prints a traceback while its nanny (or the embedded cluster's process) closes it.
 
 None of it changes a value a task computes.
 
@@ -33,6 +36,8 @@ Measurements: ``docs/design/task-nice.md``, ``task-counter.md``, ``worker-memory
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 
 import dask
 
@@ -80,6 +85,24 @@ def quiet_routine_pauses(worker) -> bool:
     return True
 
 
+def leave_interrupts_to_nanny(worker) -> bool:
+    """Ignore SIGINT in ``worker``'s process when a nanny looks after it (the nanny
+    closes the worker on its own SIGINT or when its cluster closes); returns whether it
+    did. A worker without a nanny keeps Ctrl-C, or nothing would stop it.
+
+    Example:
+        >>> leave_interrupts_to_nanny(worker)  # doctest: +SKIP
+        True
+    """
+    if (
+        not getattr(worker, "nanny", None)
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return False
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return True
+
+
 async def dask_setup(worker) -> None:
     """Preload hook: sets up a dfdl worker (see the module docstring).
 
@@ -90,6 +113,7 @@ async def dask_setup(worker) -> None:
     if not hasattr(worker, "plugin_add"):  # a nanny or a scheduler
         return
     quiet_routine_pauses(worker)
+    leave_interrupts_to_nanny(worker)
     tile_exec.TASK_NICE = int(dask.config.get("dfdl.worker.task-nice", TASK_NICE))
     manager = getattr(worker, "memory_manager", None)
     threads = worker.state.nthreads

@@ -1,0 +1,64 @@
+"""Ctrl-C in ``dfdl train``: one line, exit status 130, nothing left behind.
+
+A terminal's Ctrl-C sends SIGINT to every process of the foreground group: the command
+and the embedded cluster's worker processes. The test starts ``python -m dfdl train`` in
+a group of its own, waits until training runs (its first checkpoint),
+and signals the group as a terminal does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="process groups are POSIX")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_prints_one_line_and_leaves_nothing(work):
+    # the work files' 8-16-3 MLP on 24 samples: 3000 steps of milliseconds each
+    out = work / "interrupted.onnx"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dfdl", "train", "mlp.onnx", "--data", "data.npz"]
+        + ["--epochs", "1000", "--batch-size", "8", "-o", str(out)]
+        + ["--checkpoint-dir", "ckpt", "--checkpoint-every", "3"],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        # the first checkpoint: the cluster is up and steps run (stdout is the summary,
+        # printed at the end)
+        deadline = time.monotonic() + 120
+        while not (work / "ckpt" / "latest").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.1)
+        assert proc.poll() is None, "training ended before the interrupt"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1:] == ["dfdl: interrupted"], err
+    assert "Traceback" not in err and "ERROR" not in err and "WARNING" not in err, err
+    assert not out.exists()
+    # the worker processes went with the command
+    deadline = time.monotonic() + 15
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(proc.pid), "a process of the run outlived it"
