@@ -290,10 +290,9 @@ def mismatch(
     if "params" in meta and sorted(meta["params"]) != sorted(run["params"]):
         theirs, ours = set(meta["params"]), set(run["params"])
         return (
-            f"{head} for another model: {_names(theirs - ours, 'it has')}"
-            f"{'; ' if theirs - ours and ours - theirs else ''}"
-            f"{_names(ours - theirs, 'this run trains')}: resume with the model (and frozen "
-            f"names) it was written for {other}"
+            f"{head} for another model: "
+            f"{_both(theirs - ours, 'this run does not train', ours - theirs, 'this run trains')}"
+            f": resume with the model (and frozen names) it was written for {other}"
         )
     if "optimizer" in meta and meta["optimizer"] != run["optimizer"]:
         theirs, ours = meta["optimizer"], run["optimizer"]
@@ -309,8 +308,8 @@ def mismatch(
     if set(arrays) != set(expected):
         lacks, extra = set(expected) - set(arrays), set(arrays) - set(expected)
         return (
-            f"{head} for another model or optimizer: {_names(extra, 'it has')}"
-            f"{'; ' if lacks and extra else ''}{_names(lacks, 'it lacks')}: resume with "
+            f"{head} for another model or optimizer: "
+            f"{_both(extra, 'this run does not have', lacks, 'this run needs')}: resume with "
             f"the model and optimizer it was written for {other}"
         )
     for name in sorted(expected):
@@ -332,12 +331,20 @@ def mismatch(
     return None
 
 
-def _names(names: set[str], what: str, most: int = 3) -> str:
-    if not names:
-        return ""
+def _both(extra: set[str], extra_why: str, lacks: set[str], lacks_why: str) -> str:
+    """``it holds 'a', 'b' that <extra_why>; it lacks 'c' that <lacks_why>``."""
+    parts = []
+    if extra:
+        parts.append(f"it holds {_names(extra)}, which {extra_why}")
+    if lacks:
+        parts.append(f"it lacks {_names(lacks)}, which {lacks_why}")
+    return "; ".join(parts)
+
+
+def _names(names: set[str], most: int = 3) -> str:
     shown = sorted(names)[:most]
     more = f" and {len(names) - most} more" if len(names) > most else ""
-    return f"{what} {', '.join(map(repr, shown))}{more}"
+    return f"{', '.join(map(repr, shown))}{more}"
 
 
 def _optimizer(spec: Any) -> str:

@@ -181,8 +181,8 @@ class TrainingSession:
         validation: ``(X_val, y_val)`` evaluated after each epoch, or None.
 
     Raises:
-        ModelError / UnsupportedOpError / ShapeError / DataError / MemoryPlanError: on
-            :meth:`run`, before any cluster starts.
+        ModelError / UnsupportedOpError / ShapeError / DataError / MemoryPlanError /
+            CheckpointError: on :meth:`run`, before any cluster starts.
     """
 
     def __init__(self, model: ModelLike, data, config: TrainConfig, validation=None):

@@ -289,10 +289,12 @@ def test_a_truncated_checkpoint_fails_before_training(client, ckpt):
 def test_another_model_is_refused(client, ckpt):
     name = latest_file(ckpt)
     deeper = dfdl.models.mlp((6, 16, 16, 3), seed=3)
-    refused(client, ckpt, str(name), "for another model", "'layers.2.weight'", model=deeper)
+    line = refused(client, ckpt, str(name), "for another model", model=deeper)
+    assert "it lacks 'layers.2.bias', 'layers.2.weight', which this run trains" in line
     wider = dfdl.models.mlp((6, 32, 3), seed=3)
     refused(client, ckpt, "'layers.0.bias' of shape (16,) float32", "is (32,)", model=wider)
-    refused(client, ckpt, "for another model", frozen=["layers.0.weight"])
+    line = refused(client, ckpt, "for another model", frozen=["layers.0.weight"])
+    assert "it holds 'layers.0.weight', which this run does not train" in line
 
 
 @pytest.mark.usefixtures("nothing_submitted")
@@ -348,7 +350,8 @@ def test_mismatch_compares_what_an_older_checkpoint_has():
         "c.npz", old, arrays, run, doubled
     )
     more = {**spec, "w.momentum_buffer": ((2, 3), np.dtype(np.float32))}
-    assert "it lacks 'w.momentum_buffer'" in checkpoint.mismatch("c.npz", old, arrays, run, more)
+    line = checkpoint.mismatch("c.npz", old, arrays, run, more)
+    assert "it lacks 'w.momentum_buffer', which this run needs" in line
 
 
 # ---- resume=True and resume="auto" ---------------------------------------------------------
