@@ -188,7 +188,7 @@ def train(
     checkpoint_every: int | None = None,
     progress: bool = True,
     *,
-    resume: bool = False,
+    resume: bool | str = False,
     frozen: Iterable[str] = (),
     drop_last: bool = False,
     unroll: int | None = None,
@@ -218,10 +218,16 @@ def train(
             ``"split_norms": 1`` tiles BatchNormalization over batch and space too;
             ``"min_weight_tile"``: bytes below which a weight's model tiles keep its
             outputs' model axes whole, as the automatic tiles do).
-        checkpoint_dir: where checkpoints go; with ``checkpoint_every`` steps.
-        checkpoint_every: steps between checkpoints.
+        checkpoint_dir: where checkpoints go; with ``checkpoint_every`` steps. Created if
+            missing and checked writable before any cluster starts.
+        checkpoint_every: steps between checkpoints (a positive integer; None: none).
         progress: a tqdm bar on a terminal (steps, loss, samples/s).
-        resume: continue from the latest checkpoint in ``checkpoint_dir``.
+        resume: True: continue from the latest checkpoint in ``checkpoint_dir`` (an
+            error if there is none); ``"auto"``: continue if there is one, else start
+            from step 0. The checkpoint must be readable and written by a run with the
+            same model, optimizer, loss, batch size, seed and data: else a
+            :class:`~dfdl.errors.CheckpointError` naming the first difference, raised
+            before any cluster starts.
         frozen: initializer names that must not train.
         drop_last: drop the last partial batch of each epoch.
         unroll: steps per graph submission (default 4).

@@ -118,6 +118,21 @@ class DataError(DfdlError, ValueError):
     unreadable data files."""
 
 
+class CheckpointError(DfdlError, ValueError):
+    """A checkpoint folder or file cannot be used: the folder cannot be written, the
+    ``latest`` pointer is bad, a checkpoint is unreadable, or it was written by another
+    run (another model, optimizer, loss, batch size, seed or data), or ``resume=True``
+    finds none. Raised before any cluster starts; the message names the file.
+
+    Attributes:
+        path: the folder or file concerned.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class TrainingError(DfdlError, RuntimeError):
     """Training stopped: the loss became NaN or infinite (the step is named)."""
 

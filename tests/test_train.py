@@ -183,9 +183,18 @@ def test_stray_and_truncated_files_never_become_latest(
     assert {p.name for p in work.iterdir()} - before == {f"step-{99:09d}.npz"}
 
 
-def test_resume_without_checkpoint_starts_fresh(client, mlp, uninterrupted, tmp_path):
-    """An empty checkpoint directory: resume=True trains from the start."""
-    result = _resumed(client, mlp, tmp_path / "empty")
+def test_resume_auto_without_checkpoint_starts_fresh(client, mlp, uninterrupted, tmp_path):
+    """An empty checkpoint directory: resume="auto" trains from the start (resume=True
+    is an error there: tests/runtime/test_checkpoint.py)."""
+    result = fit(
+        mlp,
+        data(),
+        client,
+        steps=RESUME_STEPS,
+        checkpoint_dir=tmp_path / "empty",
+        resume="auto",
+        **_resume_kwargs(),
+    )
     assert_same_params(result, uninterrupted)
 
 

@@ -59,6 +59,22 @@ def parse_tiles(text: str) -> dict[str, int] | str | None:
     return _key_values(text, "--tiles", (*TILES_KEYS, SPLIT_NORMS))
 
 
+def positive_int(text: str) -> int:
+    """A flag value that must be a positive integer (``--checkpoint-every``).
+
+    Example:
+        >>> positive_int("500")
+        500
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
+    return value
+
+
 def parse_dims(text: str) -> dict[str, int]:
     """``--dims`` value: sizes of symbolic dimensions, ``seq=256,height=64``.
 

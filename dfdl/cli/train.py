@@ -22,6 +22,7 @@ from dfdl.cli.common import (
     load_data,
     make_optimizer,
     parse_tiles,
+    positive_int,
 )
 
 
@@ -62,8 +63,27 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="PEM", help="client certificate for a tls:// scheduler")
     p.add_argument("--tls-key", metavar="PEM", help="client private key (if not in --tls-cert)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go")
-    p.add_argument("--checkpoint-every", type=int, metavar="N", help="steps between checkpoints")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        metavar="N",
+        help="steps between checkpoints (needs --checkpoint-dir)",
+    )
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument(
+        "--resume",
+        action="store_const",
+        const=True,
+        default=False,
+        help="continue from the latest checkpoint in --checkpoint-dir (an error if none)",
+    )
+    resume.add_argument(
+        "--resume-if-any",
+        dest="resume",
+        action="store_const",
+        const="auto",
+        help="continue from the latest checkpoint if there is one, else start from step 0",
+    )
     p.add_argument("--tiles", type=parse_tiles, metavar="SPEC", help=TILES_HELP)
     p.add_argument(
         "--memory",
@@ -86,10 +106,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         >>> main(["train", "mlp.onnx", "--data", "d.npz", "-o", "out.onnx"])  # doctest: +SKIP
         0
     """
-    import dfdl
     from dfdl.data import as_source
     from dfdl.data.order import steps_per_epoch
     from dfdl.errors import ConfigError, DataError
+    from dfdl.runtime.session import TrainingSession, train_config
     from dfdl.training.losses import LOSSES
 
     check_output(args.output)
@@ -99,33 +119,38 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"--loss {args.loss} needs labels: an array 'y' in the .npz file, or --labels"
         )
     optimizer = make_optimizer(args)
-    with contextlib.ExitStack() as stack:
-        client = None
-        if args.scheduler and args.slurm:
-            raise ConfigError("give --scheduler or --slurm, not both")
-        if args.scheduler:
-            from dfdl.runtime.cluster import open_client
-
-            client = stack.enter_context(open_client(args.scheduler, tls_security(args)))
-        elif args.slurm:
-            client = stack.enter_context(slurm_client(args.slurm))
-        start = time.perf_counter()
-        result = dfdl.train(
-            args.model,
-            X if y is None else (X, y),
+    if args.scheduler and args.slurm:
+        raise ConfigError("give --scheduler or --slurm, not both")
+    start = time.perf_counter()
+    session = TrainingSession(
+        args.model,
+        X if y is None else (X, y),
+        train_config(
             loss=args.loss,
             optimizer=optimizer,
             batch_size=args.batch_size,
             epochs=args.epochs,
             steps=args.steps,
             seed=args.seed,
-            client=client,
             tiles=args.tiles,
             checkpoint_dir=args.checkpoint_dir,
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
             memory=args.memory,
-        )
+        ),
+    )
+    session.resume_point()  # the checkpoint folder and checkpoint, before a cluster starts
+    prepared_s = time.perf_counter() - start
+    with contextlib.ExitStack() as stack:
+        client = None
+        if args.scheduler:
+            from dfdl.runtime.cluster import open_client
+
+            client = stack.enter_context(open_client(args.scheduler, tls_security(args)))
+        elif args.slurm:
+            client = stack.enter_context(slurm_client(args.slurm))
+        start = time.perf_counter() - prepared_s  # not counting the wait for a cluster
+        result = session.run(client)
         elapsed = time.perf_counter() - start
     result.save(args.output)
     per_epoch = steps_per_epoch(len(as_source(X, "X")), args.batch_size, False)

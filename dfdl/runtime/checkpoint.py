@@ -1,10 +1,18 @@
-"""Checkpoints: weights, optimizer state and position, written atomically.
+"""Checkpoints: weights, optimizer state and position, written atomically and checked
+before they are used.
 
-:func:`save` writes one ``.npz`` file (the arrays and a JSON ``meta`` with the step)
-under a temporary name and renames it into place (``os.replace`` is atomic on POSIX),
-then replaces the ``latest`` pointer the same way; :func:`load_latest` reads the
-checkpoint it points to. Guarantee: a crash mid-write leaves the previous checkpoint
-as the latest, and arrays come back with the values and dtypes they were saved with.
+:func:`save` writes one ``.npz`` file (the arrays and a JSON ``meta``: the step, what
+the run was, the name, shape and dtype of every array) under a temporary name, flushes
+it to disk and renames it into place (``os.replace`` is atomic on POSIX), then replaces
+the ``latest`` pointer the same way, syncing the folder after each rename.
+:func:`prepare` checks a folder before a run writes to it; :func:`find` and :func:`load`
+read the checkpoint the pointer names, and :func:`mismatch` compares it with a run.
+
+Guarantees: a crash or kill mid-write leaves the previous checkpoint as the latest;
+arrays come back with the values and dtypes they were saved with; a folder that cannot
+be written, a pointer that leaves the folder or names a missing file, and a file that
+is truncated, edited or incomplete are a :class:`~dfdl.errors.CheckpointError` naming
+the file, what is wrong and what to do, never a raw ``KeyError`` or ``BadZipFile``.
 
 Example:
     >>> import tempfile, numpy as np
@@ -19,10 +27,36 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import zipfile
+import zlib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from dfdl.errors import CheckpointError
+
+#: the name of the file that names the latest checkpoint
+POINTER = "latest"
+#: version of the meta layout written by :func:`save` (absent: written before there was one)
+FORMAT = 1
+#: temporary files :func:`save` leaves only when killed mid-write (``mkstemp``'s suffix)
+_LEFTOVER = re.compile(r"^\.(step-\d+\.npz|latest)\.[A-Za-z0-9_]{8}$")
+_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a no-op where folders cannot be opened)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -37,10 +71,48 @@ def _atomic_write(path: Path, write) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_dir(path.parent)
 
 
-def save(directory: str | os.PathLike, step: int, arrays: dict, meta: dict) -> Path:
+def prepare(directory: str | os.PathLike) -> Path:
+    """Check that checkpoints can be written to ``directory``: create it if missing,
+    write and remove a probe file, and remove temporary files a killed write left.
+
+    Raises:
+        CheckpointError: the path is a file, or the folder cannot be created or written.
+
+    Example:
+        >>> import tempfile
+        >>> prepare(tempfile.mkdtemp()).is_dir()
+        True
+    """
+    d = Path(directory)
+    fix = "give a writable folder as checkpoint_dir (--checkpoint-dir)"
+    if d.exists() and not d.is_dir():
+        raise CheckpointError(f"checkpoint_dir {d} is a file, not a folder: {fix}", path=str(d))
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".dfdl-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise CheckpointError(
+            f"checkpoint_dir {d} cannot be written ({why}): {fix}", path=str(d)
+        ) from e
+    for leftover in d.iterdir():
+        if _LEFTOVER.match(leftover.name) and leftover.is_file():
+            leftover.unlink(missing_ok=True)
+    return d
+
+
+def save(
+    directory: str | os.PathLike, step: int, arrays: Mapping[str, Any], meta: Mapping[str, Any]
+) -> Path:
     """Write checkpoint ``step`` (arrays by name plus JSON metadata); returns its path.
+
+    The meta written adds ``step``, ``format`` and ``arrays`` (each array's shape and
+    dtype, so a file missing one is detected) to ``meta``.
 
     Example:
         >>> save("ckpt", 100, {"w": w}, {"seed": 0})  # doctest: +SKIP
@@ -48,21 +120,240 @@ def save(directory: str | os.PathLike, step: int, arrays: dict, meta: dict) -> P
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step-{step:09d}.npz"
-    payload = {f"a/{k}": np.asarray(v) for k, v in arrays.items()}
-    payload["meta"] = np.frombuffer(json.dumps({**meta, "step": step}).encode(), dtype=np.uint8)
+    values = {k: np.asarray(v) for k, v in arrays.items()}
+    payload = {f"a/{k}": v for k, v in values.items()}
+    listing = {k: [list(v.shape), v.dtype.str] for k, v in values.items()}
+    full = {**meta, "format": FORMAT, "step": step, "arrays": listing}
+    payload["meta"] = np.frombuffer(json.dumps(full).encode(), dtype=np.uint8)
     _atomic_write(path, lambda f: np.savez(f, **payload))
-    _atomic_write(d / "latest", lambda f: f.write(path.name.encode()))
+    _atomic_write(d / POINTER, lambda f: f.write(path.name.encode()))
     return path
 
 
-def load_latest(directory: str | os.PathLike) -> tuple[int, dict, dict] | None:
-    """``(step, arrays, meta)`` of the latest checkpoint in ``directory``, or None."""
+def find(directory: str | os.PathLike) -> Path | None:
+    """The checkpoint file that ``directory``'s ``latest`` pointer names, or None when
+    there is no pointer (or no folder).
+
+    Raises:
+        CheckpointError: the pointer is unreadable, names a path outside the folder, or
+            names a file that does not exist; or there is no pointer but there are
+            checkpoint files (which one to resume from is the user's choice).
+
+    Example:
+        >>> import tempfile
+        >>> find(tempfile.mkdtemp()) is None
+        True
+    """
     d = Path(directory)
-    pointer = d / "latest"
-    if not pointer.is_file():
+    pointer = d / POINTER
+    if not pointer.exists():
+        if d.is_dir() and any(d.glob("step-*.npz")):
+            raise CheckpointError(
+                f"{d} holds checkpoint files but no '{POINTER}' pointer: write the name of "
+                f"the one to resume from (e.g. {max(d.glob('step-*.npz')).name}) into "
+                f"{pointer}, or use another checkpoint_dir",
+                path=str(pointer),
+            )
         return None
-    path = d / pointer.read_text().strip()
-    with np.load(path) as z:
-        meta = json.loads(bytes(z["meta"]).decode())
-        arrays = {k[2:]: z[k] for k in z.files if k.startswith("a/")}
-    return int(meta["step"]), arrays, meta
+    fix = f"write the name of a checkpoint file of {d} into it, or use another checkpoint_dir"
+    try:
+        name = pointer.read_bytes().decode().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"checkpoint pointer {pointer} is unreadable ({e}): {fix}") from e
+    if not name or "/" in name or "\\" in name or name in (".", "..") or Path(name).is_absolute():
+        raise CheckpointError(
+            f"checkpoint pointer {pointer} names {name!r}, not a file in {d}: {fix}",
+            path=str(pointer),
+        )
+    path = d / name
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint pointer {pointer} names {name}, which does not exist: {fix}",
+            path=str(pointer),
+        )
+    if path.resolve().parent != d.resolve():  # a link out of the folder
+        raise CheckpointError(
+            f"checkpoint pointer {pointer} names {name}, a link out of {d}: {fix}",
+            path=str(pointer),
+        )
+    return path
+
+
+def load(path: str | os.PathLike) -> tuple[int, dict[str, np.ndarray], dict[str, Any]]:
+    """``(step, arrays, meta)`` of the checkpoint file at ``path``.
+
+    Raises:
+        CheckpointError: the file is not a complete checkpoint (truncated or not a
+            zip archive, no or bad meta, an array listed in the meta missing or of
+            another shape or dtype).
+
+    Example:
+        >>> step, arrays, meta = load("ckpt/step-000000100.npz")  # doctest: +SKIP
+    """
+    path = Path(path)
+    fix = (
+        f"write its name into {path.parent / POINTER} to resume from an earlier checkpoint "
+        "of that folder, or start without resume"
+    )
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {path} {what}: {fix}", path=str(path))
+
+    try:
+        with np.load(path) as z:
+            if "meta" not in z.files:
+                raise bad("has no meta (not a dfdl checkpoint, or an incomplete one)")
+            raw = z["meta"]
+            try:
+                meta = json.loads(bytes(raw).decode())
+            except (ValueError, TypeError) as e:
+                raise bad(f"has unreadable meta ({e})") from e
+            arrays = {k[2:]: z[k] for k in z.files if k.startswith("a/")}
+    except CheckpointError:
+        raise
+    except _READ_ERRORS as e:
+        raise bad(f"is unreadable: truncated or not a checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(meta, dict):
+        raise bad("has meta that is not a JSON object")
+    step = meta.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise bad(f"has no valid step in its meta (step: {step!r})")
+    listing = meta.get("arrays", {})
+    if not isinstance(listing, dict):
+        raise bad("has a meta 'arrays' entry that is not a JSON object")
+    for name, spec in listing.items():
+        if name not in arrays:
+            raise bad(f"lacks array {name!r} that its meta lists")
+        try:
+            shape, dtype = tuple(spec[0]), np.dtype(spec[1])
+        except (TypeError, ValueError, IndexError) as e:
+            raise bad(f"has a bad meta entry for array {name!r} ({spec!r})") from e
+        if arrays[name].shape != shape or arrays[name].dtype != dtype:
+            raise bad(
+                f"has array {name!r} of shape {arrays[name].shape} {arrays[name].dtype}, "
+                f"but its meta says {shape} {dtype}"
+            )
+    if not arrays:
+        raise bad("holds no arrays")
+    return step, arrays, meta
+
+
+def load_latest(
+    directory: str | os.PathLike,
+) -> tuple[int, dict[str, np.ndarray], dict[str, Any]] | None:
+    """``(step, arrays, meta)`` of the latest checkpoint in ``directory``, or None when
+    it has none (:func:`find`, :func:`load`; their errors).
+
+    Example:
+        >>> step, arrays, meta = load_latest("ckpt")  # doctest: +SKIP
+    """
+    path = find(directory)
+    return None if path is None else load(path)
+
+
+#: what :func:`mismatch` compares, in order, besides the arrays: meta key -> how to
+#: resume with the checkpoint's value ``{v}``
+_SETTINGS = {
+    "loss": "loss={v!r} (--loss {v})",
+    "batch_size": "batch_size={v} (--batch-size {v})",
+    "seed": "seed={v} (--seed {v})",
+    "samples": "the same data ({v} samples)",
+    "shuffle": "shuffle={v}",
+    "drop_last": "drop_last={v}",
+}
+
+
+def mismatch(
+    path: str | os.PathLike,
+    meta: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    run: Mapping[str, Any],
+    expected: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+) -> str | None:
+    """The first difference between a checkpoint and the run that would resume from it,
+    as one line naming the file and what to do; None when they agree.
+
+    Compared in order: the model's parameters (``meta["params"]`` against
+    ``run["params"]``), the optimizer's kind and state (``"optimizer"``), every array's
+    name, shape and dtype (``expected``), then the settings that decide the numbers and
+    the data order (loss, batch size, seed, number of samples, shuffle, drop_last). A
+    key a checkpoint lacks (written by an older dfdl) is not compared.
+
+    Example:
+        >>> w = {"w": np.zeros(2, np.float32)}
+        >>> line = mismatch("c.npz", {"seed": 1}, w, {"seed": 2}, {"w": ((2,), "float32")})
+        >>> line.split(": ")[0]
+        'checkpoint c.npz was written with seed 1; this run has 2'
+    """
+    head = f"checkpoint {path} was written"
+    other = "or use another checkpoint_dir"
+    if "params" in meta and sorted(meta["params"]) != sorted(run["params"]):
+        theirs, ours = set(meta["params"]), set(run["params"])
+        return (
+            f"{head} for another model: "
+            f"{_both(theirs - ours, 'this run does not train', ours - theirs, 'this run trains')}"
+            f": resume with the model (and frozen names) it was written for {other}"
+        )
+    if "optimizer" in meta and meta["optimizer"] != run["optimizer"]:
+        theirs, ours = meta["optimizer"], run["optimizer"]
+        flag = (
+            f" (--optimizer {str(theirs.get('kind', '')).lower()})"
+            if isinstance(theirs, Mapping)
+            else ""
+        )
+        return (
+            f"{head} with optimizer {_optimizer(theirs)}; this run has {_optimizer(ours)}: "
+            f"resume with the optimizer it was written with{flag} {other}"
+        )
+    if set(arrays) != set(expected):
+        lacks, extra = set(expected) - set(arrays), set(arrays) - set(expected)
+        return (
+            f"{head} for another model or optimizer: "
+            f"{_both(extra, 'this run does not have', lacks, 'this run needs')}: resume with "
+            f"the model and optimizer it was written for {other}"
+        )
+    for name in sorted(expected):
+        shape, dtype = expected[name]
+        have = arrays[name]
+        if tuple(have.shape) != tuple(shape) or have.dtype != np.dtype(dtype):
+            return (
+                f"{head} with {name!r} of shape {tuple(have.shape)} {have.dtype}; this run's "
+                f"is {tuple(shape)} {np.dtype(dtype)}: resume with the model it was written "
+                f"for {other}"
+            )
+    for key, fix in _SETTINGS.items():
+        if key in meta and key in run and meta[key] != run[key]:
+            v = meta[key]
+            return (
+                f"{head} with {key} {_show(v)}; this run has {_show(run[key])}: resume with "
+                f"{fix.format(v=v)} {other}"
+            )
+    return None
+
+
+def _both(extra: set[str], extra_why: str, lacks: set[str], lacks_why: str) -> str:
+    """``it holds 'a', 'b' that <extra_why>; it lacks 'c' that <lacks_why>``."""
+    parts = []
+    if extra:
+        parts.append(f"it holds {_names(extra)}, which {extra_why}")
+    if lacks:
+        parts.append(f"it lacks {_names(lacks)}, which {lacks_why}")
+    return "; ".join(parts)
+
+
+def _names(names: set[str], most: int = 3) -> str:
+    shown = sorted(names)[:most]
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"{', '.join(map(repr, shown))}{more}"
+
+
+def _optimizer(spec: Any) -> str:
+    if not isinstance(spec, Mapping):
+        return repr(spec)
+    states = spec.get("states") or []
+    kept = f" (state {', '.join(states)})" if states else " (no state)"
+    return f"{spec.get('kind')}{kept}"
+
+
+def _show(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else str(v)

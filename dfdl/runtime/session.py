@@ -3,9 +3,11 @@
 A session is built in separate, testable parts, each done before the next starts:
 
 1. :class:`TrainConfig` checks the arguments (``ConfigError`` before anything is loaded);
-2. the session loads the model and the data and checks them against each other, and
-   compiles the first step (:mod:`dfdl.plan.compile`): a bad model, bad data or a plan
-   that cannot fit raise here, before any cluster starts;
+2. the session loads the model and the data and checks them against each other, checks
+   the checkpoint folder and the checkpoint to resume from (:meth:`TrainingSession.
+   resume_point`), and compiles the first step (:mod:`dfdl.plan.compile`): a bad model,
+   bad data, a bad checkpoint or a plan that cannot fit raise here, before any cluster
+   starts;
 3. :meth:`TrainingSession.run` connects to the cluster (the embedded one by default),
    sends the initial weights, and submits the steps ``unroll`` at a time
    (:func:`dfdl.runtime.trainer.run_steps`), collecting losses a submission late;
@@ -21,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -34,7 +37,7 @@ from distributed.scheduler import KilledWorker
 
 from dfdl.data.checks import check_labels, split_data
 from dfdl.data.order import batch_plan, steps_per_epoch
-from dfdl.errors import ConfigError, DataError, FoldedParametersWarning
+from dfdl.errors import CheckpointError, ConfigError, DataError, FoldedParametersWarning
 from dfdl.ir.onnx_io import ModelLike, exporter_folded, load_model, to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import StepPlan, Workers, choose_variant, training_plan
@@ -124,7 +127,7 @@ class TrainConfig:
     checkpoint_dir: Any = None
     checkpoint_every: int | None = None
     progress: bool = True
-    resume: bool = False
+    resume: bool | str = False
     frozen: tuple[str, ...] = ()
     drop_last: bool = False
     unroll: int = DEFAULT_UNROLL
@@ -141,14 +144,30 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, not {value!r}")
+        every = self.checkpoint_every
+        if every is not None and (
+            isinstance(every, bool) or not isinstance(every, int) or every < 1
+        ):
+            raise ConfigError(
+                f"checkpoint_every must be a positive integer (steps between checkpoints), "
+                f"not {every!r}: leave it out for no checkpoints"
+            )
         if self.checkpoint_every is not None and self.checkpoint_dir is None:
             raise ConfigError("checkpoint_every needs checkpoint_dir")
+        ckpt = self.checkpoint_dir
+        if ckpt is not None and (not isinstance(ckpt, (str, os.PathLike)) or str(ckpt) == ""):
+            raise ConfigError(f"checkpoint_dir must be a folder path, not {ckpt!r}")
+        if not (isinstance(self.resume, bool) or self.resume == "auto"):
+            raise ConfigError(
+                f"resume must be True, False or 'auto' (continue if a checkpoint exists), "
+                f"not {self.resume!r}"
+            )
         if self.memory not in MODES:
             raise ConfigError(
                 f"memory must be one of {', '.join(map(repr, MODES))}, not {self.memory!r}"
             )
         if self.resume and self.checkpoint_dir is None:
-            raise ConfigError("resume=True needs checkpoint_dir")
+            raise ConfigError(f"resume={self.resume!r} needs checkpoint_dir")
         object.__setattr__(self, "frozen", tuple(self.frozen))
         object.__setattr__(self, "loss_options", dict(self.loss_options))
 
@@ -163,8 +182,8 @@ class TrainingSession:
         validation: ``(X_val, y_val)`` evaluated after each epoch, or None.
 
     Raises:
-        ModelError / UnsupportedOpError / ShapeError / DataError / MemoryPlanError: on
-            :meth:`run`, before any cluster starts.
+        ModelError / UnsupportedOpError / ShapeError / DataError / MemoryPlanError /
+            CheckpointError: on :meth:`run`, before any cluster starts.
     """
 
     def __init__(self, model: ModelLike, data, config: TrainConfig, validation=None):
@@ -199,19 +218,20 @@ class TrainingSession:
             raise DataError(f"loss {config.loss!r} needs labels: pass data=(X, y)")
         self.timings = {"setup_s": 0.0, "graph_s": 0.0, "submit_s": 0.0, "wait_s": 0.0}
         self._load_s = time.perf_counter() - t_start  # counted in the run's setup time
+        self._graphs: dict[int, Any] = {}
+        self._resume: tuple[int, dict[str, np.ndarray] | None] | None = None
         self._spilling: dict[int, StepPlan] = {}
         self._chosen: dict[int, StepPlan] = {}
 
     # ------------------------------------------------------------------ compiling
 
-    def spilling_plan(self, batch: int, workers: Workers) -> StepPlan:
-        """The step plan for batches of ``batch`` samples, every activation kept
-        (cached per batch size; the last batch of an epoch may be smaller)."""
-        if batch not in self._spilling:
+    def training_graph(self, batch: int):
+        """The training graph for batches of ``batch`` samples (cached per batch size)."""
+        if batch not in self._graphs:
             cfg = self.config
             X, y = self.X, self.y
             labels = None if y is None else TensorType((batch, *y.shape[1:]), y.dtype)
-            tg = build_training_graph(
+            self._graphs[batch] = build_training_graph(
                 self.graph,
                 {self.graph.inputs[0]: TensorType((batch, *X.shape[1:]), X.dtype)},
                 loss=cfg.loss,
@@ -221,7 +241,14 @@ class TrainingSession:
                 seed=cfg.seed,
                 loss_options=cfg.loss_options,
             )
-            self._spilling[batch] = training_plan(tg, cfg.tiles, workers)
+        return self._graphs[batch]
+
+    def spilling_plan(self, batch: int, workers: Workers) -> StepPlan:
+        """The step plan for batches of ``batch`` samples, every activation kept
+        (cached per batch size; the last batch of an epoch may be smaller)."""
+        if batch not in self._spilling:
+            tg = self.training_graph(batch)
+            self._spilling[batch] = training_plan(tg, self.config.tiles, workers)
         return self._spilling[batch]
 
     def chosen_plan(self, batch: int, workers: Workers, client) -> StepPlan:
@@ -255,6 +282,71 @@ class TrainingSession:
             check_labels(self.y, cfg.loss, classes, cfg.loss_options.get("ignore_index"))
         return first
 
+    def resume_point(self) -> tuple[int, dict[str, np.ndarray] | None]:
+        """The step to start at and, resuming, the checkpoint's carried values (None
+        when starting from the model): the checkpoint folder and the checkpoint checked
+        before any cluster starts (cached; :meth:`run` calls it first).
+
+        With ``resume`` the latest checkpoint must be readable and written by a run like
+        this one (:func:`dfdl.runtime.checkpoint.mismatch`); ``resume=True`` needs one,
+        ``resume="auto"`` starts from step 0 without one. With ``checkpoint_every`` the
+        folder is created if missing and must be writable.
+
+        Raises:
+            CheckpointError: the folder cannot be written, the checkpoint is missing
+                (``resume=True``), unreadable or of another run.
+
+        Example:
+            >>> session.resume_point()  # doctest: +SKIP
+            (100, {...})
+        """
+        if self._resume is not None:
+            return self._resume
+        cfg = self.config
+        found = None
+        if cfg.resume:
+            path = checkpoint.find(cfg.checkpoint_dir)
+            if path is None and cfg.resume is True:
+                raise CheckpointError(
+                    f"resume=True but checkpoint_dir {cfg.checkpoint_dir} holds no checkpoint "
+                    f"(no '{checkpoint.POINTER}' file): start without resume, or with "
+                    "resume='auto' (--resume-if-any) to start from step 0 when there is none",
+                    path=str(cfg.checkpoint_dir),
+                )
+            if path is not None:
+                found = (path, *checkpoint.load(path))
+        if cfg.checkpoint_every is not None:
+            checkpoint.prepare(cfg.checkpoint_dir)
+        if found is None:
+            self._resume = (0, None)
+            return self._resume
+        path, step, arrays, meta = found
+        tg = self.training_graph(min(cfg.batch_size, len(self.X)))
+        expected = {k: (tg.graph.types[k].shape, tg.graph.types[k].dtype) for k in tg.carried()}
+        wrong = checkpoint.mismatch(path, meta, arrays, self.checkpoint_meta(tg), expected)
+        if wrong is not None:
+            raise CheckpointError(wrong, path=str(path))
+        self._resume = (step, arrays)
+        return self._resume
+
+    def checkpoint_meta(self, tg) -> dict[str, Any]:
+        """What a checkpoint records about the run that writes it, to be compared with
+        the run that resumes from it (:func:`dfdl.runtime.checkpoint.mismatch`)."""
+        cfg = self.config
+        return {
+            "params": sorted(tg.params + tg.buffers),
+            "optimizer": {
+                "kind": type(cfg.optimizer).__name__,
+                "states": list(cfg.optimizer.state_suffixes),
+            },
+            "loss": cfg.loss,
+            "batch_size": cfg.batch_size,
+            "seed": cfg.seed,
+            "samples": len(self.X),
+            "shuffle": cfg.shuffle,
+            "drop_last": cfg.drop_last,
+        }
+
     # ------------------------------------------------------------------ running
 
     def run(self, client=None) -> TrainResult:
@@ -262,6 +354,7 @@ class TrainingSession:
         one) and return the result."""
         t_start = time.perf_counter()
         cfg = self.config
+        self.resume_point()
         workers = Workers(
             cores=total_threads(client) if client is not None else default_workers(),
             memory_limit=(
@@ -320,15 +413,14 @@ class TrainingSession:
         return self._result(run, progress, collector, final, t_start)
 
     def _start(self, tg) -> tuple[int, dict[str, np.ndarray]]:
-        """The step to start at and the carried values there: the latest checkpoint's
-        with ``resume``, else the model's initializers and fresh optimizer state."""
+        """The step to start at and the carried values there: the checkpoint's when
+        resuming (:meth:`resume_point`), else the model's initializers and fresh
+        optimizer state."""
         cfg = self.config
-        if cfg.resume:
-            found = checkpoint.load_latest(cfg.checkpoint_dir)
-            if found is not None:
-                start, values, _meta = found
-                if values:
-                    return start, values
+        start, resumed = self.resume_point()
+        self._resume = None  # the arrays are the anchor's now
+        if resumed is not None:
+            return start, resumed
         values = {p: _initial(self.graph, p) for p in tg.params + tg.buffers}
         for p in tg.params:
             for sname, v in zip(tg.states[p], cfg.optimizer.init_state(values[p])):
@@ -461,12 +553,7 @@ class _Run:
             if ckpt_now:
                 self.collector.collect()
                 now = state.gather(c, tg.graph.types)
-                checkpoint.save(
-                    cfg.checkpoint_dir,
-                    step + 1,
-                    now,
-                    {"seed": cfg.seed, "batch_size": cfg.batch_size},
-                )
+                checkpoint.save(cfg.checkpoint_dir, step + 1, now, s.checkpoint_meta(tg))
                 self.anchor = Anchor(step + 1, {k: now[k] for k in tg.carried()})
             elif not last and anchors.due():
                 t_anchor = time.perf_counter()

@@ -36,11 +36,29 @@ def test_train_writes_a_model_onnxruntime_runs(work):
     assert all(not np.array_equal(before[k], after[k]) for k in before)
 
 
+#: a scheduler nobody listens on: a run that fails with another error never reached it
+UNREACHABLE = ("--scheduler", "tcp://127.0.0.1:9")
+
+
+def fails(work, *args: str) -> str:
+    """``dfdl train ARGS`` exits with status 2 and one line; returns the line."""
+    r = dfdl_cli("train", *args, cwd=work)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dfdl: error: "), r.stderr
+    assert "scheduler" not in lines[0]
+    return lines[0]
+
+
 def test_train_npy_data_with_labels_checkpoints_and_resumes(work):
     common = ("--data", "X.npy", "--labels", "y.npy", "--batch-size", "8", "--optimizer", "adam")
     ckpt = ("--checkpoint-dir", "ckpt", "--checkpoint-every", "1")
-    r = dfdl_cli("train", "mlp.onnx", *common, *ckpt, "--steps", "2", "-o", "a.onnx", cwd=work)
+    r = dfdl_cli(
+        "train", "mlp.onnx", *common, *ckpt, "--steps", "2", "--resume-if-any", "-o", "a.onnx",
+        cwd=work,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    assert "epoch 1: steps 1-2" in r.stdout  # no checkpoint yet: from step 1
     assert (work / "ckpt" / "latest").is_file()
     r = dfdl_cli(
         "train", "mlp.onnx", *common, *ckpt, "--steps", "3", "--resume", "-o", "b.onnx", cwd=work
@@ -48,6 +66,37 @@ def test_train_npy_data_with_labels_checkpoints_and_resumes(work):
     assert r.returncode == 0, r.stderr
     assert "epoch 1: steps 3-3" in r.stdout  # only the step after the checkpoint ran
     assert "trained 1 steps" in r.stdout
+    r = dfdl_cli(
+        "train", "mlp.onnx", *common, *ckpt, "--steps", "4", "--resume-if-any", "-o", "c.onnx",
+        cwd=work,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "epoch 2: steps 4-4" in r.stdout and "trained 1 steps" in r.stdout
+    # another batch size: refused before the (unreachable) scheduler is contacted
+    other = [*common[:5], "4", *common[6:]]
+    line = fails(work, "mlp.onnx", *other, *ckpt, "--resume", *UNREACHABLE, "-o", "d.onnx")
+    assert "ckpt/step-000000004.npz was written with batch_size 8; this run has 4" in line
+    assert "(--batch-size 8)" in line
+    assert not (work / "d.onnx").exists()
+
+
+def test_checkpoint_flags_and_folders_are_checked_before_any_cluster(work):
+    base = ("mlp.onnx", "--data", "data.npz", "-o", "o.onnx", *UNREACHABLE)
+    for every in ("0", "-2", "x"):
+        line = fails(work, *base, "--checkpoint-dir", "c", "--checkpoint-every", every)
+        assert "argument --checkpoint-every:" in line and every in line
+    line = fails(work, *base, "--checkpoint-dir", "c", "--resume", "--resume-if-any")
+    assert "--resume-if-any: not allowed with argument --resume" in line
+    (work / "empty").mkdir()
+    line = fails(work, *base, "--checkpoint-dir", "empty", "--resume")
+    assert "checkpoint_dir empty holds no checkpoint" in line and "--resume-if-any" in line
+    line = fails(work, *base, "--checkpoint-dir", "mlp.onnx", "--checkpoint-every", "1")
+    assert "checkpoint_dir mlp.onnx is a file, not a folder" in line
+    (work / "escape").mkdir()
+    (work / "escape" / "latest").write_text("../data.npz")
+    line = fails(work, *base, "--checkpoint-dir", "escape", "--resume-if-any")
+    assert "escape/latest names '../data.npz', not a file in escape" in line
+    assert not (work / "o.onnx").exists() and not (work / "c").exists()
 
 
 def test_killed_client_resumes_from_the_latest_checkpoint(work):

@@ -1,0 +1,407 @@
+"""Checkpoints (:mod:`dfdl.runtime.checkpoint`) and resuming from them.
+
+The file-level cases read real ``.npz`` files written by :func:`checkpoint.save` and then
+truncated or edited on disk; the run-level cases train a small MLP on a real
+LocalCluster that counts what reaches its scheduler (``tests/scheduler_probe.py``), so a
+refused checkpoint is shown to fail before any task is submitted, with no new file in
+the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dfdl
+import dfdl.models
+from dfdl.errors import CheckpointError, ConfigError, DfdlError
+from dfdl.runtime import checkpoint
+from dfdl.runtime.session import TrainConfig
+from tests import scheduler_probe
+
+#: the probe cluster (counts submissions), overriding the session's client fixture
+client = scheduler_probe.client
+nothing_submitted = scheduler_probe.nothing_submitted
+
+SIZES = (6, 16, 3)
+BATCH = 8
+N = 24  # 3 steps per epoch
+STEPS, AT, EVERY = 6, 4, 2
+
+
+def data(n: int = N) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, SIZES[0])).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64) + (X[:, 1] > 0.5)
+    return X, y
+
+
+def fit(client, model=None, train_data=None, **kwargs) -> dfdl.TrainResult:
+    kwargs.setdefault("optimizer", dfdl.optim.AdamW(lr=0.01))
+    kwargs.setdefault("batch_size", BATCH)
+    kwargs.setdefault("seed", 11)
+    kwargs.setdefault("epochs", 2)
+    model = dfdl.models.mlp(SIZES, seed=3) if model is None else model
+    train_data = data() if train_data is None else train_data
+    return dfdl.train(model, train_data, client=client, progress=False, **kwargs)
+
+
+def assert_same(a: dfdl.TrainResult, b: dfdl.TrainResult) -> None:
+    assert set(a.params) == set(b.params)
+    for k in a.params:
+        assert a.params[k].dtype == b.params[k].dtype, k
+        assert np.array_equal(a.params[k], b.params[k]), f"{k} differs"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(client):
+    return fit(client, steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def written(client, tmp_path_factory) -> Path:
+    """A folder left by a run stopped after ``AT`` steps, checkpoints every ``EVERY``."""
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    fit(client, steps=AT, checkpoint_dir=ckpt, checkpoint_every=EVERY)
+    return ckpt
+
+
+@pytest.fixture
+def ckpt(written, tmp_path) -> Path:
+    """A copy of ``written`` this test may edit."""
+    return Path(shutil.copytree(written, tmp_path / "ckpt"))
+
+
+def latest_file(d: Path) -> Path:
+    return d / (d / "latest").read_text()
+
+
+def rewrite(path: Path, *, drop: tuple[str, ...] = (), meta: bytes | None = None) -> None:
+    """Rewrite the checkpoint at ``path`` without the entries ``drop`` and, if given,
+    with ``meta`` as its raw meta bytes."""
+    with np.load(path) as z:
+        entries = {k: z[k] for k in z.files if k not in drop}
+    if meta is not None:
+        entries["meta"] = np.frombuffer(meta, np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **entries)
+
+
+def refused(client, ckpt: Path, *match: str, exc=CheckpointError, **kwargs) -> str:
+    """A resumed run on ``ckpt`` raises ``exc`` naming every ``match``, and writes nothing."""
+    before = sorted(os.listdir(ckpt)) if ckpt.is_dir() else None
+    kwargs.setdefault("resume", True)
+    kwargs.setdefault("checkpoint_every", 1)
+    with pytest.raises(exc) as info:
+        fit(client, steps=STEPS, checkpoint_dir=ckpt, **kwargs)
+    message = str(info.value)
+    assert isinstance(info.value, DfdlError)
+    assert "\n" not in message
+    for m in match:
+        assert m in message, f"{m!r} not in {message!r}"
+    assert (sorted(os.listdir(ckpt)) if ckpt.is_dir() else None) == before
+    return message
+
+
+# ---- writing -------------------------------------------------------------------------------
+
+
+def test_save_records_the_arrays_and_syncs_the_file_and_the_folder(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):  # records what was synced, then syncs it
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    w = np.arange(6, dtype=np.float64).reshape(2, 3)
+    path = checkpoint.save(tmp_path, 7, {"w": w, "b": np.ones(3, np.float32)}, {"seed": 4})
+    # the checkpoint, the folder, the pointer, the folder
+    assert synced == [False, True, False, True]
+    step, arrays, meta = checkpoint.load(path)
+    assert step == 7 and meta["seed"] == 4 and meta["format"] == checkpoint.FORMAT
+    assert meta["arrays"] == {"w": [[2, 3], "<f8"], "b": [[3], "<f4"]}
+    assert arrays["w"].dtype == np.float64 and np.array_equal(arrays["w"], w)
+    assert sorted(os.listdir(tmp_path)) == ["latest", path.name]
+
+
+def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path):
+    """A process SIGKILLed while it writes a checkpoint: the previous one stays the
+    latest and loads; the next run's :func:`checkpoint.prepare` removes the partial file."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        import numpy as np
+        from dfdl.runtime import checkpoint
+        checkpoint.save({str(tmp_path)!r}, 2, {{"w": np.zeros(1000, np.float32)}}, {{}})
+        def killed(f, **arrays):
+            f.write(b"PK" + bytes(5000))
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        np.savez = killed
+        checkpoint.save({str(tmp_path)!r}, 4, {{"w": np.ones(1000, np.float32)}}, {{}})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ}, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    partial = [p for p in os.listdir(tmp_path) if p.startswith(".step-000000004.npz.")]
+    assert len(partial) == 1, os.listdir(tmp_path)
+    step, arrays, _ = checkpoint.load_latest(tmp_path)
+    assert step == 2 and not arrays["w"].any()
+    checkpoint.prepare(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step-000000002.npz"]
+
+
+# ---- the folder ----------------------------------------------------------------------------
+
+
+def test_prepare_creates_the_folder_and_leaves_nothing(tmp_path):
+    d = tmp_path / "a" / "b"
+    assert checkpoint.prepare(d) == d
+    assert d.is_dir() and os.listdir(d) == []
+
+
+def test_prepare_refuses_a_file_and_an_unwritable_folder(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(CheckpointError, match=re.escape(f"{f} is a file, not a folder")):
+        checkpoint.prepare(f)
+    with pytest.raises(CheckpointError, match="cannot be written") as info:
+        checkpoint.prepare(f / "sub")  # below a file: no folder can be made there
+    assert str(f / "sub") in str(info.value)
+    with pytest.raises(CheckpointError, match="/proc/dfdl-ckpt cannot be written"):
+        checkpoint.prepare("/proc/dfdl-ckpt")  # read-only even for root
+
+
+@pytest.mark.usefixtures("nothing_submitted")
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_an_unwritable_folder_fails_before_training(client, tmp_path, where):
+    d = Path("/proc/dfdl-ckpt") if where == "proc" else tmp_path / "file"
+    if where == "file":
+        d.write_text("not a folder")
+    with pytest.raises(CheckpointError, match=re.escape(str(d))):
+        fit(client, steps=STEPS, checkpoint_dir=d, checkpoint_every=2)
+    assert where == "proc" or d.read_text() == "not a folder"
+
+
+# ---- the pointer ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["../step-000000004.npz", "/etc/hostname", "sub/step-000000004.npz", "..", ""]
+)
+def test_a_pointer_out_of_the_folder_is_refused(ckpt, name):
+    (ckpt / "latest").write_text(name)
+    with pytest.raises(CheckpointError, match="not a file in") as info:
+        checkpoint.find(ckpt)
+    assert str(ckpt / "latest") in str(info.value)
+
+
+def test_a_pointer_to_a_missing_file_is_refused(ckpt):
+    (ckpt / "latest").write_text("step-000000006.npz")
+    with pytest.raises(CheckpointError, match="names step-000000006.npz, which does not exist"):
+        checkpoint.load_latest(ckpt)
+
+
+def test_a_link_out_of_the_folder_is_refused(ckpt, tmp_path):
+    outside = tmp_path / "outside.npz"
+    shutil.copy(latest_file(ckpt), outside)
+    (ckpt / "link.npz").symlink_to(outside)
+    (ckpt / "latest").write_text("link.npz")
+    with pytest.raises(CheckpointError, match="a link out of"):
+        checkpoint.find(ckpt)
+
+
+def test_checkpoints_without_a_pointer_are_not_ignored(ckpt):
+    (ckpt / "latest").unlink()
+    with pytest.raises(CheckpointError, match="no 'latest' pointer.*step-000000004.npz"):
+        checkpoint.find(ckpt)
+
+
+def test_no_folder_and_an_empty_folder_have_no_checkpoint(tmp_path):
+    assert checkpoint.find(tmp_path / "missing") is None
+    assert checkpoint.load_latest(tmp_path) is None
+
+
+# ---- unreadable checkpoints ----------------------------------------------------------------
+
+
+def test_a_truncated_checkpoint_is_named(ckpt):
+    path = latest_file(ckpt)
+    path.write_bytes(path.read_bytes()[:-300])
+    with pytest.raises(CheckpointError, match="truncated or not a checkpoint") as info:
+        checkpoint.load_latest(ckpt)
+    assert str(path) in str(info.value) and "BadZipFile" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        ({"drop": ("meta",)}, "has no meta"),
+        ({"meta": b"{not json"}, "has unreadable meta"),
+        ({"meta": b"[1, 2]"}, "meta that is not a JSON object"),
+        ({"meta": b'{"step": "four"}'}, "no valid step in its meta"),
+        ({"drop": ("a/layers.0.weight.exp_avg",)}, "lacks array 'layers.0.weight.exp_avg'"),
+    ],
+)
+def test_an_edited_checkpoint_is_named(ckpt, edit, match):
+    path = latest_file(ckpt)
+    rewrite(path, **edit)
+    with pytest.raises(CheckpointError, match=match) as info:
+        checkpoint.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_an_array_unlike_its_meta_is_named(ckpt):
+    path = latest_file(ckpt)
+    with np.load(path) as z:
+        meta = json.loads(bytes(z["meta"]))
+    meta["arrays"]["layers.0.bias"][0] = [17]
+    rewrite(path, meta=json.dumps(meta).encode())
+    with pytest.raises(CheckpointError, match=r"'layers.0.bias' of shape \(16,\)"):
+        checkpoint.load(path)
+
+
+@pytest.mark.usefixtures("nothing_submitted")
+def test_a_truncated_checkpoint_fails_before_training(client, ckpt):
+    path = latest_file(ckpt)
+    path.write_bytes(path.read_bytes()[:100])
+    refused(client, ckpt, str(path), "truncated")
+    refused(client, ckpt, str(path), "truncated", resume="auto")
+
+
+# ---- another run's checkpoint --------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("nothing_submitted")
+def test_another_model_is_refused(client, ckpt):
+    name = latest_file(ckpt)
+    deeper = dfdl.models.mlp((6, 16, 16, 3), seed=3)
+    line = refused(client, ckpt, str(name), "for another model", model=deeper)
+    assert "it lacks 'layers.2.bias', 'layers.2.weight', which this run trains" in line
+    wider = dfdl.models.mlp((6, 32, 3), seed=3)
+    refused(client, ckpt, "'layers.0.bias' of shape (16,) float32", "is (32,)", model=wider)
+    line = refused(client, ckpt, "for another model", frozen=["layers.0.weight"])
+    assert "it holds 'layers.0.weight', which this run does not train" in line
+
+
+@pytest.mark.usefixtures("nothing_submitted")
+def test_another_optimizer_is_refused(client, ckpt):
+    sgd = dfdl.optim.SGD(lr=0.1, momentum=0.9)
+    refused(
+        client,
+        ckpt,
+        "with optimizer AdamW (state exp_avg, exp_avg_sq); this run has SGD (state "
+        "momentum_buffer)",
+        "(--optimizer adamw)",
+        optimizer=sgd,
+    )
+
+
+@pytest.mark.usefixtures("nothing_submitted")
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"batch_size": 4},
+            "batch_size 8; this run has 4: resume with batch_size=8 (--batch-size 8)",
+        ),
+        ({"seed": 12}, "seed 11; this run has 12: resume with seed=11 (--seed 11)"),
+        ({"train_data": data(32)}, "samples 24; this run has 32"),
+        ({"shuffle": False}, "shuffle True; this run has False"),
+        (
+            {"loss": "mse", "train_data": (data()[0], np.zeros((N, 3), "f4"))},
+            "loss 'cross_entropy'",
+        ),
+    ],
+)
+def test_other_settings_are_refused(client, ckpt, kwargs, match):
+    message = refused(client, ckpt, match, **kwargs)
+    assert message.startswith(f"checkpoint {latest_file(ckpt)} was written with ")
+    assert message.endswith("or use another checkpoint_dir")
+
+
+def test_mismatch_compares_what_an_older_checkpoint_has():
+    """A checkpoint written before the run was recorded (only seed and batch size):
+    the arrays and those two are compared, nothing else."""
+    arrays = {"w": np.zeros((2, 3), np.float32)}
+    old = {"seed": 0, "batch_size": 8, "step": 4}
+    run = {"params": ["w"], "optimizer": {"kind": "SGD", "states": []}, "loss": "mse"}
+    run |= {"seed": 0, "batch_size": 8, "samples": 10, "shuffle": True, "drop_last": False}
+    spec = {"w": ((2, 3), np.dtype(np.float32))}
+    assert checkpoint.mismatch("c.npz", old, arrays, run, spec) is None
+    assert "batch_size 8; this run has 9" in checkpoint.mismatch(
+        "c.npz", old, arrays, {**run, "batch_size": 9}, spec
+    )
+    doubled = {"w": ((2, 3), np.dtype(np.float64))}
+    assert "'w' of shape (2, 3) float32; this run's is (2, 3) float64" in checkpoint.mismatch(
+        "c.npz", old, arrays, run, doubled
+    )
+    more = {**spec, "w.momentum_buffer": ((2, 3), np.dtype(np.float32))}
+    line = checkpoint.mismatch("c.npz", old, arrays, run, more)
+    assert "it lacks 'w.momentum_buffer', which this run needs" in line
+
+
+# ---- resume=True and resume="auto" ---------------------------------------------------------
+
+
+@pytest.mark.usefixtures("nothing_submitted")
+def test_resume_without_a_checkpoint_is_an_error(client, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused(client, empty, f"checkpoint_dir {empty} holds no checkpoint", "resume='auto'")
+    missing = tmp_path / "missing"
+    refused(client, missing, f"checkpoint_dir {missing} holds no checkpoint")
+    assert not missing.exists()
+
+
+def test_resume_auto_starts_from_step_0_without_a_checkpoint(client, uninterrupted, tmp_path):
+    result = fit(client, steps=STEPS, checkpoint_dir=tmp_path / "new", resume="auto")
+    assert_same(result, uninterrupted)
+    assert len(result.history["loss"]) == STEPS
+
+
+@pytest.mark.parametrize("resume", [True, "auto"])
+def test_resume_continues_bit_identically(client, uninterrupted, ckpt, resume):
+    result = fit(client, steps=STEPS, checkpoint_dir=ckpt, checkpoint_every=EVERY, resume=resume)
+    assert_same(result, uninterrupted)
+    assert result.history["loss"] == uninterrupted.history["loss"][AT:]
+    # the resumed run writes its checkpoints with the full meta too
+    step, _, meta = checkpoint.load_latest(ckpt)
+    assert step == STEPS
+    assert meta["optimizer"] == {"kind": "AdamW", "states": ["exp_avg", "exp_avg_sq"]}
+    assert meta["samples"] == N and meta["batch_size"] == BATCH and meta["seed"] == 11
+
+
+# ---- the arguments -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("every", [0, -2, 1.5, True, "2"])
+def test_checkpoint_every_must_be_a_positive_integer(every, tmp_path):
+    with pytest.raises(
+        ConfigError, match=f"checkpoint_every must be a positive integer.*{every!r}"
+    ):
+        TrainConfig(checkpoint_dir=tmp_path, checkpoint_every=every)
+
+
+@pytest.mark.parametrize("resume", ["yes", 1.0, None])
+def test_resume_must_be_true_false_or_auto(resume, tmp_path):
+    with pytest.raises(ConfigError, match="resume must be True, False or 'auto'"):
+        TrainConfig(checkpoint_dir=tmp_path, resume=resume)
+
+
+def test_resume_auto_needs_a_folder():
+    with pytest.raises(ConfigError, match="resume='auto' needs checkpoint_dir"):
+        TrainConfig(resume="auto")
