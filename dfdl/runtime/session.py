@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -68,11 +69,11 @@ from dfdl.runtime.trainer import (
     StepInput,
     run_steps,
 )
-from dfdl.runtime.validation import evaluate
+from dfdl.runtime.validation import check_validation, evaluate
 from dfdl.taskgraph.lower import new_token
 from dfdl.taskgraph.optimize import GraphOptions
 from dfdl.training.graph import build_training_graph
-from dfdl.training.losses import classes_last
+from dfdl.training.losses import label_classes
 from dfdl.training.optimizers import SGD, Optimizer
 from dfdl.training.passes.recompute import MODES
 
@@ -228,17 +229,27 @@ class TrainingSession:
         return self._chosen[batch]
 
     def check(self, workers: Workers) -> StepPlan:
-        """Compile the first step and check the labels against the model: every error
-        the model, the data or the plan can raise, before any cluster starts."""
+        """Compile the first step and check the labels and the validation data against
+        the model: every error the model, the data or the plan can raise, before any
+        cluster starts."""
         cfg = self.config
         first = self.spilling_plan(min(cfg.batch_size, len(self.X)), workers)
         if self.y is not None and not self.model_loss:
             logits = first.tg.graph.types[first.tg.output]
-            classes = logits.shape[1] if logits.rank > 1 else logits.shape[0]
             labels = TensorType((logits.shape[0], *self.y.shape[1:]), self.y.dtype)
-            if classes_last(logits, labels):  # a language model's (N, T, V)
-                classes = logits.shape[-1]
+            classes = label_classes(logits, labels)
             check_labels(self.y, cfg.loss, classes, cfg.loss_options.get("ignore_index"))
+        if self.validation is not None:
+            check_validation(
+                self.graph,
+                self.validation,
+                cfg.loss,
+                cfg.loss_options,
+                cfg.batch_size,
+                cfg.tiles,
+                workers.cores,
+                workers.memory_limit,
+            )
         return first
 
     # ------------------------------------------------------------------ running
@@ -364,6 +375,7 @@ class _Run:
         self.collector = collector
         self.reporter = reporter
         self.validated: dict[int, dict[str, float]] = {}
+        self.warned_nonfinite = False
         self.rollbacks = 0
         cfg = session.config
         self.first = session.chosen_plan(min(cfg.batch_size, len(session.X)), workers, client)
@@ -372,6 +384,21 @@ class _Run:
 
     def plan(self, batch: int) -> StepPlan:
         return self.session.chosen_plan(batch, self.workers, self.client)
+
+    def warn_nonfinite(self, epoch: int, step: int) -> None:
+        """Warn, once per run, of a validation loss that is NaN or infinite."""
+        value = self.validated[epoch]["loss"]
+        if math.isfinite(value) or self.warned_nonfinite:
+            return
+        self.warned_nonfinite = True
+        logger.warning(
+            "dfdl: the validation loss is %s after epoch %d (step %d); training goes on. "
+            "Check the validation data for NaN or infinite values (np.isfinite(X_val).all()); "
+            "later epochs' non-finite validation losses are not reported again",
+            value,
+            epoch + 1,
+            step + 1,
+        )
 
     def with_recovery(self, progress: Progress) -> dict[str, np.ndarray]:
         """:meth:`attempt`, replayed from the anchor while lost data can be rebuilt that
@@ -475,6 +502,7 @@ class _Run:
                     self.workers.memory_limit,
                 )
                 self.reporter.validation(step + 1, self.validated[epoch])
+                self.warn_nonfinite(epoch, step)
         t_wait = time.perf_counter()
         self.collector.collect(final=True)
         out = state.gather(c, tg.graph.types)
