@@ -278,6 +278,25 @@ def test_a_model_with_a_constant_of_shape_past_the_cap_trains(client):
     assert len(result.history["loss"]) == 2 and np.isfinite(result.history["loss"]).all()
 
 
+@pytest.mark.parametrize("op", ["Expand", "Tile"])
+def test_expand_and_tile_of_constants_past_the_cap_stay_tasks(op):
+    """Ops with tile rules on constants fold under the cap and stay nodes past it."""
+    for rows, folded in ((PAST_CAP, False), (UNDER_CAP, True)):
+        if op == "Expand":
+            inits = {"c": np.ones((1, rows), np.float32), "arg": np.array([rows, 1], np.int64)}
+        else:
+            inits = {"c": np.ones((2, 2), np.float32), "arg": np.array([rows // 2] * 2, np.int64)}
+        nodes = [
+            helper.make_node(op, ["c", "arg"], ["big"], name="big"),
+            helper.make_node("ReduceMean", ["big"], ["mean"], name="mean", keepdims=0),
+            helper.make_node("Mul", ["x", "mean"], ["y"], name="scale"),
+        ]
+        model = make_model(nodes, [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], inits)
+        g = bound(model, {"x": np.ones((2, 4), np.float32)})
+        assert (op_counts(g)[op] == 0) == folded
+        assert max(v.nbytes for v in g.initializers.values()) < FOLD_LIMIT_BYTES
+
+
 def test_range_past_the_cap_is_refused_before_it_is_made():
     """Range cannot run as a task: past the cap, a MemoryPlanError names the node, its
     shape and bytes and the cap, and the shape rule never makes the values."""
