@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from functools import cache
 
 import numpy as np
+from dask.utils import format_bytes
 
 from dfdl.errors import DfdlError, MemoryPlanError, ModelError, ShapeError, UnsupportedOpError
 from dfdl.ir.graph import Graph, Node
@@ -30,7 +31,6 @@ from dfdl.ir.onnx_io import node_list
 from dfdl.ir.sequences import is_sequence_op, lower_sequences
 from dfdl.ops import REGISTRY, lookup
 from dfdl.ops.registry import ONNX_DOMAINS, OpDef, TensorType
-from dfdl.plan.estimate import format_bytes
 
 #: constant folding stops at outputs this large: they stay ordinary tiled nodes (a
 #: ``ConstantOfShape`` becomes an ``Expand`` of its fill value), never allocated here

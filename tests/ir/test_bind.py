@@ -322,7 +322,7 @@ def test_range_past_the_cap_is_refused_before_it_is_made():
         tracemalloc.stop()
     msg = str(info.value)
     assert "'ramp' (Range)" in msg and f"[{n}]" in msg
-    assert "64.0 MiB" in msg and "constant-folding cap" in msg
+    assert "64.00 MiB" in msg and "constant-folding cap" in msg
     assert info.value.node == "ramp" and info.value.task_bytes == n * 8
     assert peak < FOLD_LIMIT_BYTES // 4
     # under the cap it still folds to a constant
