@@ -452,7 +452,8 @@ class _Run:
             last = i == len(self.schedule) - 1
             ckpt_now = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
             epoch_end = (step + 1) % self.per_epoch == 0
-            if not (len(group) >= cfg.unroll or last or ckpt_now or (epoch_end and s.validation)):
+            validate = epoch_end and s.validation is not None
+            if not (len(group) >= cfg.unroll or last or ckpt_now or validate):
                 continue
             state, losses = run_steps(
                 c,
@@ -486,7 +487,7 @@ class _Run:
                 self.collector.collect()
                 self.anchor = Anchor(step + 1, state.gather(c, tg.graph.types))
                 anchors.taken(time.perf_counter() - t_anchor)
-            if epoch_end and s.validation is not None:
+            if validate:
                 self.collector.collect()
                 current = state.gather(c, tg.graph.types)
                 self.validated[epoch] = evaluate(

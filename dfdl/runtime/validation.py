@@ -197,6 +197,8 @@ def evaluate(
             total_loss += float(out[bg.outputs[0]]) * len(xb)
             if loss in ("cross_entropy",) and out[out_name].ndim >= 2:
                 correct += int((out[out_name].argmax(axis=1) == yb).sum())
+        elif loss in g.outputs:  # the model computes its own (mean) loss
+            total_loss += float(out[loss]) * len(xb)
         count += len(xb)
     metrics = {"loss": total_loss / count}
     if loss == "cross_entropy":

@@ -197,3 +197,26 @@ def test_nan_validation_data_warn_once_naming_the_epoch(client, mlp, caplog):
         )
     assert np.isfinite(result.history["val_loss"]).all()
     assert not [r for r in caplog.records if "validation loss" in r.getMessage()]
+
+
+def test_a_model_computing_its_own_loss_reports_it_on_validation_data(client):
+    """``loss=`` a model output: the validation loss is that output over the validation
+    data (it used to be 0.0), and NaN in them is reported as for other losses."""
+    rng = np.random.default_rng(2)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["recon"], name="decode"),
+        helper.make_node("Sub", ["recon", "x"], ["err"], name="err"),
+        helper.make_node("Mul", ["err", "err"], ["sq"], name="square"),
+        helper.make_node("ReduceMean", ["sq"], ["mse"], name="mean", keepdims=0),
+    ]
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    model = make_model(
+        nodes, [vi("x", ["batch", 4])], [vi("mse", []), vi("recon", ["batch", 4])], {"w": w}
+    )
+    X = rng.standard_normal((8, 4)).astype(np.float32)
+    Xv = rng.standard_normal((4, 4)).astype(np.float32)
+    kwargs = dict(loss="mse", client=client, progress=False, batch_size=4, epochs=2)
+    result = dfdl.train(model, X, validation=Xv, **kwargs)
+    expected = dfdl.run(result.model, {"x": Xv}, client=client)["mse"]
+    assert result.history["val_loss"][-1] == pytest.approx(float(expected), rel=1e-6)
+    assert result.history["val_loss"][0] > result.history["val_loss"][-1] > 0
