@@ -40,9 +40,12 @@ def split_data(data, name: str) -> tuple[ArraySource, ArraySource | None]:
     return as_source(data, f"{name} X"), None
 
 
-def check_labels(y: ArraySource, loss: str, classes: int, ignore_index=None) -> None:
+def check_labels(
+    y: ArraySource, loss: str, classes: int, ignore_index=None, name: str = ""
+) -> None:
     """Class labels of a classification loss are integers in ``0..classes-1`` (or
-    ``ignore_index``); other losses' labels are not checked here.
+    ``ignore_index``); other losses' labels are not checked here. ``name`` (such as
+    ``"validation y"``) starts the message when given.
 
     Raises:
         DataError: naming the first bad label and the valid range.
@@ -54,8 +57,11 @@ def check_labels(y: ArraySource, loss: str, classes: int, ignore_index=None) -> 
     """
     if loss not in CLASS_LOSSES:
         return
+    where = f"{name}: " if name else ""
     if y.dtype.kind not in "iu":
-        raise DataError(f"loss {loss!r} needs integer class labels; y has dtype {y.dtype}")
+        raise DataError(
+            f"{where}loss {loss!r} needs integer class labels; {name or 'y'} has dtype {y.dtype}"
+        )
     for block in y.chunks():
         bad = (block < 0) | (block >= classes)
         if ignore_index is not None:
@@ -63,6 +69,6 @@ def check_labels(y: ArraySource, loss: str, classes: int, ignore_index=None) -> 
         if bad.any():
             v = block[bad].flat[0]
             raise DataError(
-                f"label {int(v)} is out of range: the model has {classes} classes "
+                f"{where}label {int(v)} is out of range: the model has {classes} classes "
                 f"(valid labels 0..{classes - 1})"
             )

@@ -23,15 +23,17 @@ from collections.abc import Iterable
 from functools import cache
 
 import numpy as np
+from dask.utils import format_bytes
 
-from dfdl.errors import DfdlError, ModelError, ShapeError, UnsupportedOpError
+from dfdl.errors import DfdlError, MemoryPlanError, ModelError, ShapeError, UnsupportedOpError
 from dfdl.ir.graph import Graph, Node
 from dfdl.ir.onnx_io import node_list
 from dfdl.ir.sequences import is_sequence_op, lower_sequences
 from dfdl.ops import REGISTRY, lookup
 from dfdl.ops.registry import ONNX_DOMAINS, OpDef, TensorType
 
-#: constant folding stops at outputs this large (they stay ordinary tiled nodes)
+#: constant folding stops at outputs this large: they stay ordinary tiled nodes (a
+#: ``ConstantOfShape`` becomes an ``Expand`` of its fill value), never allocated here
 FOLD_LIMIT_BYTES = 64 * 2**20
 #: inputs of which only the static type is read (Shape's data, CastLike's target_type):
 #: they never make a node runtime-dependent, and their runtime values are never needed
@@ -272,7 +274,12 @@ def bind(
             if name:
                 g.types[name] = t
         foldable = all((not i) or i in consts or k in type_only for k, i in enumerate(node.inputs))
-        small = sum(t.nbytes for t in outs) <= FOLD_LIMIT_BYTES
+        # sized from the static types before anything is evaluated
+        out_bytes = sum(t.nbytes for t in outs)
+        small = out_bytes <= FOLD_LIMIT_BYTES
+        if foldable and op.fold_only and not small and not _model_data(node):
+            kept.append(_unfolded(node, outs, out_bytes, g))
+            continue
         if fold and foldable and (small or op.fold_only):
             args = [None if not i else consts.get(i, _ShapeOnly(g.types[i])) for i in node.inputs]
             try:
@@ -297,6 +304,35 @@ def bind(
     g.initializers = consts
     g.prune()
     return g
+
+
+def _model_data(node: Node) -> bool:
+    """Whether the node's value is held in the model already (a dense ``Constant``):
+    folding it allocates nothing the model did not bring."""
+    return node.op_type == "Constant" and not node.domain and node.attrs.get("sparse_value") is None
+
+
+def _unfolded(node: Node, outs: list[TensorType], nbytes: int, g: Graph) -> Node:
+    """A constant-path node whose output is past :data:`FOLD_LIMIT_BYTES`, as a node the
+    cluster computes: ``ConstantOfShape`` becomes an ``Expand`` of its fill value (a
+    tiled task graph); other constant-path ops cannot run as tasks and raise."""
+    if node.op_type == "ConstantOfShape" and not node.domain:
+        fill = g.fresh_name(f"{node.outputs[0]}.fill")
+        # the fill value alone: ConstantOfShape of the empty shape
+        value = np.asarray(REGISTRY["ConstantOfShape"].forward(np.zeros(0, np.int64), **node.attrs))
+        g.initializers[fill] = value
+        g.types[fill] = TensorType((), value.dtype)
+        return Node(node.name, "Expand", [fill, node.inputs[0]], list(node.outputs), {})
+    shapes = " and ".join(str(list(t.shape)) for t in outs)
+    raise MemoryPlanError(
+        f"node {node.name!r} ({node.op_type}): its output (shape {shapes}, "
+        f"{format_bytes(nbytes)}) would be computed on the client at plan time, past the "
+        f"constant-folding cap of {format_bytes(FOLD_LIMIT_BYTES)}, and {node.op_type} cannot "
+        "run as a task on the cluster; compute it from a smaller constant in the model "
+        "(a smaller Range or Constant, broadcast by Expand or Tile).",
+        node=node.name,
+        task_bytes=nbytes,
+    )
 
 
 class _ShapeOnly(np.ndarray):

@@ -106,6 +106,14 @@ def _constant_value(attrs: dict) -> np.ndarray:
 
 
 def _constant_shape(inputs, consts, **attrs):
+    sparse = attrs.get("sparse_value")
+    if (
+        sparse is not None
+        and not isinstance(sparse, np.ndarray)
+        and len([v for v in attrs.values() if v is not None]) == 1
+    ):
+        # the dense shape and dtype, without densifying (the cap is checked first)
+        return [TensorType(tuple(int(d) for d in sparse.dims), tensor_attr(sparse.values).dtype)]
     return [_type_of(_constant_value(attrs))]
 
 
@@ -171,25 +179,35 @@ def ConstantOfShape(input, *, value=None):
 _STASH = {1: np.float32, 11: np.float64}
 
 
-def _range(start, limit, delta, stash_type: int = 1) -> np.ndarray:
-    dtype = np.asarray(start).dtype
+def _range_length(start, limit, delta) -> int:
+    """How many values ``Range`` yields, without making them."""
     s, lim, d = (np.asarray(x).item() for x in (start, limit, delta))
     if d == 0:
         raise ModelError("Range: delta is 0")
+    if np.issubdtype(np.asarray(start).dtype, np.integer):
+        return max(-(-(lim - s) // d), 0)  # exact integer ceil
+    return max(math.ceil((lim - s) / d), 0)
+
+
+def _range(start, limit, delta, stash_type: int = 1) -> np.ndarray:
+    dtype = np.asarray(start).dtype
+    n = _range_length(start, limit, delta)
+    s, d = np.asarray(start).item(), np.asarray(delta).item()
     if np.issubdtype(dtype, np.integer):
-        n = max(-(-(lim - s) // d), 0)  # exact integer ceil
         return (s + np.arange(n, dtype=np.int64) * d).astype(dtype)
     work = np.float64
     if dtype.itemsize < 4:
         if stash_type not in _STASH:
             raise UnsupportedOpError(f"Range: stash_type {stash_type}", op_type="Range")
         work = _STASH[stash_type]
-    n = max(math.ceil((lim - s) / d), 0)
     return (work(s) + np.arange(n, dtype=work) * work(d)).astype(dtype)
 
 
 def _range_shape(inputs, consts, *, stash_type=1, **attrs):
-    return [_type_of(_range(*consts[:3], stash_type=stash_type))]
+    dtype = np.asarray(consts[0]).dtype
+    if not np.issubdtype(dtype, np.integer) and dtype.itemsize < 4 and stash_type not in _STASH:
+        raise UnsupportedOpError(f"Range: stash_type {stash_type}", op_type="Range")
+    return [TensorType((_range_length(*consts[:3]),), dtype)]
 
 
 @register("Range", shape=_range_shape, const_inputs=(0, 1, 2), **_FOLD)

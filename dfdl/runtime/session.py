@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import warnings
@@ -72,11 +73,11 @@ from dfdl.runtime.trainer import (
     StepInput,
     run_steps,
 )
-from dfdl.runtime.validation import evaluate
+from dfdl.runtime.validation import check_validation, evaluate
 from dfdl.taskgraph.lower import new_token
 from dfdl.taskgraph.optimize import GraphOptions
 from dfdl.training.graph import build_training_graph
-from dfdl.training.losses import classes_last
+from dfdl.training.losses import label_classes
 from dfdl.training.optimizers import SGD, Optimizer
 from dfdl.training.passes.recompute import MODES
 
@@ -269,17 +270,27 @@ class TrainingSession:
         return self._chosen[batch]
 
     def check(self, workers: Workers) -> StepPlan:
-        """Compile the first step and check the labels against the model: every error
-        the model, the data or the plan can raise, before any cluster starts."""
+        """Compile the first step and check the labels and the validation data against
+        the model: every error the model, the data or the plan can raise, before any
+        cluster starts."""
         cfg = self.config
         first = self.spilling_plan(min(cfg.batch_size, len(self.X)), workers)
         if self.y is not None and not self.model_loss:
             logits = first.tg.graph.types[first.tg.output]
-            classes = logits.shape[1] if logits.rank > 1 else logits.shape[0]
             labels = TensorType((logits.shape[0], *self.y.shape[1:]), self.y.dtype)
-            if classes_last(logits, labels):  # a language model's (N, T, V)
-                classes = logits.shape[-1]
+            classes = label_classes(logits, labels)
             check_labels(self.y, cfg.loss, classes, cfg.loss_options.get("ignore_index"))
+        if self.validation is not None:
+            check_validation(
+                self.graph,
+                self.validation,
+                cfg.loss,
+                cfg.loss_options,
+                cfg.batch_size,
+                cfg.tiles,
+                workers.cores,
+                workers.memory_limit,
+            )
         return first
 
     def resume_point(self) -> tuple[int, dict[str, np.ndarray] | None]:
@@ -470,6 +481,7 @@ class _Run:
         self.collector = collector
         self.reporter = reporter
         self.validated: dict[int, dict[str, float]] = {}
+        self.warned_nonfinite = False
         self.rollbacks = 0
         cfg = session.config
         self.first = session.chosen_plan(min(cfg.batch_size, len(session.X)), workers, client)
@@ -478,6 +490,21 @@ class _Run:
 
     def plan(self, batch: int) -> StepPlan:
         return self.session.chosen_plan(batch, self.workers, self.client)
+
+    def warn_nonfinite(self, epoch: int, step: int) -> None:
+        """Warn, once per run, of a validation loss that is NaN or infinite."""
+        value = self.validated[epoch]["loss"]
+        if math.isfinite(value) or self.warned_nonfinite:
+            return
+        self.warned_nonfinite = True
+        logger.warning(
+            "dfdl: the validation loss is %s after epoch %d (step %d); training goes on. "
+            "Check the validation data for NaN or infinite values (np.isfinite(X_val).all()); "
+            "later epochs' non-finite validation losses are not reported again",
+            value,
+            epoch + 1,
+            step + 1,
+        )
 
     def with_recovery(self, progress: Progress) -> dict[str, np.ndarray]:
         """:meth:`attempt`, replayed from the anchor while lost data can be rebuilt that
@@ -531,7 +558,8 @@ class _Run:
             last = i == len(self.schedule) - 1
             ckpt_now = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
             epoch_end = (step + 1) % self.per_epoch == 0
-            if not (len(group) >= cfg.unroll or last or ckpt_now or (epoch_end and s.validation)):
+            validate = epoch_end and s.validation is not None
+            if not (len(group) >= cfg.unroll or last or ckpt_now or validate):
                 continue
             state, losses = run_steps(
                 c,
@@ -560,7 +588,7 @@ class _Run:
                 self.collector.collect()
                 self.anchor = Anchor(step + 1, state.gather(c, tg.graph.types))
                 anchors.taken(time.perf_counter() - t_anchor)
-            if epoch_end and s.validation is not None:
+            if validate:
                 self.collector.collect()
                 current = state.gather(c, tg.graph.types)
                 self.validated[epoch] = evaluate(
@@ -576,6 +604,7 @@ class _Run:
                     self.workers.memory_limit,
                 )
                 self.reporter.validation(step + 1, self.validated[epoch])
+                self.warn_nonfinite(epoch, step)
         t_wait = time.perf_counter()
         self.collector.collect(final=True)
         out = state.gather(c, tg.graph.types)

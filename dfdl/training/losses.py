@@ -61,6 +61,19 @@ def classes_last(logits: TensorType, labels: TensorType) -> bool:
     return logits.rank >= 3 and labels.shape == logits.shape[:-1] != torch_layout
 
 
+def label_classes(logits: TensorType, labels: TensorType) -> int:
+    """How many classes integer ``labels`` index: ``logits``' axis 1, or its last axis for
+    a language model's ``(N, T, V)`` with labels ``(N, T)`` (:func:`classes_last`).
+
+    Example:
+        >>> label_classes(TensorType((2, 5, 9), "float32"), TensorType((2, 5), "int64"))
+        9
+    """
+    if classes_last(logits, labels):
+        return logits.shape[-1]
+    return logits.shape[1] if logits.rank > 1 else logits.shape[0]
+
+
 def _check_labels(logits: TensorType, labels: TensorType, loss: str) -> None:
     if logits.rank < 2 or logits.dtype.kind != "f":
         raise ShapeError(

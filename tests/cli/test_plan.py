@@ -4,6 +4,8 @@ of tensors on request, and training steps planned as ``dfdl.train`` plans them."
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import dask
 import numpy as np
@@ -18,6 +20,7 @@ from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import Workers, compile_step
 from dfdl.runtime.cluster import default_workers, worker_memory_config
 from tests.cli.helpers import SIZES, dfdl_cli
+from tests.ir.helpers import fill_model
 
 
 def _table(out: str) -> dict[str, list[str]]:
@@ -198,3 +201,36 @@ def test_plan_with_recompute_estimates_less_memory(work):
     saved = working_set_kib(plain.stdout) - working_set_kib(rc.stdout)
     assert saved > 0 and saved % 16 == 0
     assert "layers.0.recompute" in rc.stdout and "layers.0.recompute" not in plain.stdout
+
+
+#: runs ``dfdl ARGS`` in this process and prints the growth of its peak resident memory
+_PEAK_GROWTH = """
+import resource, sys
+from dfdl.cli import main
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rc = main(sys.argv[1:])
+print("peak growth KiB:", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+sys.exit(rc)
+"""
+
+
+def test_plan_of_a_huge_constant_of_shape_stays_small(tmp_path):
+    """A tiny model with a 20000 x 20000 float32 ConstantOfShape (1.5 GiB): ``dfdl plan``
+    used to fold it on the client, peaking at 1.7 GB. Past the folding cap it is a task of
+    the plan now, so planning (inference and training) allocates nothing of its size, and
+    a worker limit it cannot fit is refused naming the node."""
+    onnx.save(fill_model(20000, classes=3), str(tmp_path / "fill.onnx"))
+    base = ("plan", "fill.onnx", "--batch-size", "4")
+    for extra in ((), ("--training",)):
+        r = subprocess.run(
+            [sys.executable, "-c", _PEAK_GROWTH, *base, *extra],
+            cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert "largest task: fill" in r.stdout
+        growth_kib = int(r.stdout.split("peak growth KiB:")[1])
+        assert growth_kib < 300 * 1024, r.stdout
+    r = dfdl_cli(*base, "--training", "--memory-limit", "1GiB", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("dfdl: error: node 'fill' needs about")
+    assert len(r.stderr.strip().splitlines()) == 1

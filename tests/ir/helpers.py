@@ -39,6 +39,27 @@ def make_model(
     return model
 
 
+def fill_model(rows: int, *, classes: int = 0) -> onnx.ModelProto:
+    """``y = x * mean(ConstantOfShape([rows, rows], 0.5))``; with ``classes``, logits
+    ``x @ w + that`` to train on."""
+    value = helper.make_tensor("v", F32, [1], [0.5])
+    nodes = [
+        helper.make_node("ConstantOfShape", ["dims"], ["fill"], name="fill", value=value),
+        helper.make_node("ReduceMean", ["fill"], ["mean"], name="mean", keepdims=0),
+    ]
+    inits = {"dims": np.array([rows, rows], np.int64)}
+    if classes:
+        inits["w"] = np.random.default_rng(0).standard_normal((4, classes)).astype(np.float32)
+        nodes += [
+            helper.make_node("MatMul", ["x", "w"], ["xw"], name="matmul"),
+            helper.make_node("Add", ["xw", "mean"], ["y"], name="shift"),
+        ]
+    else:
+        nodes.append(helper.make_node("Mul", ["x", "mean"], ["y"], name="scale"))
+    out = ["batch", classes or 4]
+    return make_model(nodes, [vi("x", ["batch", 4])], [vi("y", out)], inits)
+
+
 def set_location(model: onnx.ModelProto, location: str) -> onnx.ModelProto:
     """Point every external-data initializer of ``model`` at ``location`` (in place)."""
     for t in model.graph.initializer:

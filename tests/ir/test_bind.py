@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from collections import Counter
 
 import numpy as np
@@ -12,11 +13,11 @@ from onnx import TensorProto, helper
 
 import dfdl
 from dfdl.api import feed_types
-from dfdl.errors import ShapeError
-from dfdl.ir.bind import bind
+from dfdl.errors import MemoryPlanError, ShapeError
+from dfdl.ir.bind import FOLD_LIMIT_BYTES, bind
 from dfdl.models import ZOO, example_inputs
 from dfdl.ops.registry import TensorType
-from tests.ir.helpers import F32, I64, make_model, vi
+from tests.ir.helpers import F32, I64, fill_model, make_model, vi
 
 #: ops that only ever compute shapes or constants in these models; none may survive binding
 SHAPE_PATH_OPS = {
@@ -236,6 +237,116 @@ def test_reshape_shape_fed_at_run_time_is_taken_as_constant():
     feeds = {"x": np.ones((2, 6), np.float32), "shape": np.array([3, 4], np.int64)}
     g = bound(model, feeds)
     assert g.types["y"].shape == (3, 4) and g.initializers["shape"].tolist() == [3, 4]
+
+
+# ---- constant folding under the byte cap ----------------------------------------------------
+
+#: a (rows, rows) float32 fill just past FOLD_LIMIT_BYTES, and one just under it
+PAST_CAP, UNDER_CAP = 4100, 4000
+
+
+def test_a_constant_of_shape_under_the_cap_still_folds():
+    assert UNDER_CAP**2 * 4 <= FOLD_LIMIT_BYTES < PAST_CAP**2 * 4
+    g = bound(fill_model(UNDER_CAP), {"x": np.ones((2, 4), np.float32)})
+    assert op_counts(g) == Counter({"Mul": 1})
+    (mean,) = [v for k, v in g.initializers.items() if k != "x"]
+    assert mean == 0.5
+
+
+def test_a_constant_of_shape_past_the_cap_is_a_task_not_a_client_array(client):
+    """Past the cap, ConstantOfShape is never allocated at plan time: it becomes an Expand
+    of its fill value, which the cluster computes in tiles, with onnxruntime's result."""
+    model = fill_model(PAST_CAP)
+    feeds = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}
+    g = bound(model, feeds)
+    assert op_counts(g) == Counter({"Expand": 1, "ReduceMean": 1, "Mul": 1})
+    (expand,) = [n for n in g.nodes if n.op_type == "Expand"]
+    assert expand.name == "fill" and g.types["fill"] == TensorType((PAST_CAP,) * 2, np.float32)
+    # only the scalar fill and the shape are constants: nothing of the fill's size
+    assert max(v.nbytes for v in g.initializers.values()) <= 16
+    assert g.initializers[expand.inputs[0]] == 0.5
+    out = dfdl.run(model, feeds, client=client)
+    assert_close(out["y"], ort_run(model, feeds)["y"])
+
+
+def test_a_model_with_a_constant_of_shape_past_the_cap_trains(client):
+    model = fill_model(PAST_CAP, classes=3)
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((8, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    result = dfdl.train(model, (X, y), batch_size=4, client=client, progress=False)
+    assert len(result.history["loss"]) == 2 and np.isfinite(result.history["loss"]).all()
+
+
+@pytest.mark.parametrize("op", ["Expand", "Tile"])
+def test_expand_and_tile_of_constants_past_the_cap_stay_tasks(op):
+    """Ops with tile rules on constants fold under the cap and stay nodes past it."""
+    for rows, folded in ((PAST_CAP, False), (UNDER_CAP, True)):
+        if op == "Expand":
+            inits = {"c": np.ones((1, rows), np.float32), "arg": np.array([rows, 1], np.int64)}
+        else:
+            inits = {"c": np.ones((2, 2), np.float32), "arg": np.array([rows // 2] * 2, np.int64)}
+        nodes = [
+            helper.make_node(op, ["c", "arg"], ["big"], name="big"),
+            helper.make_node("ReduceMean", ["big"], ["mean"], name="mean", keepdims=0),
+            helper.make_node("Mul", ["x", "mean"], ["y"], name="scale"),
+        ]
+        model = make_model(nodes, [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], inits)
+        g = bound(model, {"x": np.ones((2, 4), np.float32)})
+        assert (op_counts(g)[op] == 0) == folded
+        assert max(v.nbytes for v in g.initializers.values()) < FOLD_LIMIT_BYTES
+
+
+def test_range_past_the_cap_is_refused_before_it_is_made():
+    """Range cannot run as a task: past the cap, a MemoryPlanError names the node, its
+    shape and bytes and the cap, and the shape rule never makes the values."""
+    n = FOLD_LIMIT_BYTES // 8 + 1
+    nodes = [
+        helper.make_node("Range", ["start", "limit", "delta"], ["ramp"], name="ramp"),
+        helper.make_node("ReduceMax", ["ramp"], ["top"], name="top", keepdims=0),
+        helper.make_node("Cast", ["top"], ["topf"], name="cast", to=F32),
+        helper.make_node("Mul", ["x", "topf"], ["y"], name="scale"),
+    ]
+    inits = {
+        "start": np.array(0, np.int64),
+        "limit": np.array(n, np.int64),
+        "delta": np.array(1, np.int64),
+    }
+    model = make_model(nodes, [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], inits)
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemoryPlanError) as info:
+            bound(model, {"x": np.ones((2, 4), np.float32)})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(info.value)
+    assert "'ramp' (Range)" in msg and f"[{n}]" in msg
+    assert "64.00 MiB" in msg and "constant-folding cap" in msg
+    assert info.value.node == "ramp" and info.value.task_bytes == n * 8
+    assert peak < FOLD_LIMIT_BYTES // 4
+    # under the cap it still folds to a constant
+    inits["limit"] = np.array(5, np.int64)
+    model = make_model(nodes, [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], inits)
+    g = bound(model, {"x": np.ones((2, 4), np.float32)})
+    assert op_counts(g) == Counter({"Mul": 1}) and 4.0 in g.initializers.values()
+
+
+def test_a_sparse_constant_past_the_cap_is_refused_without_densifying():
+    rows = PAST_CAP
+    sparse = helper.make_sparse_tensor(
+        helper.make_tensor("vals", F32, [1], [3.0]),
+        helper.make_tensor("idx", I64, [1], [7]),
+        [rows, rows],
+    )
+    nodes = [
+        helper.make_node("Constant", [], ["table"], name="table", sparse_value=sparse),
+        helper.make_node("ReduceMax", ["table"], ["top"], name="top", keepdims=0),
+        helper.make_node("Mul", ["x", "top"], ["y"], name="scale"),
+    ]
+    model = make_model(nodes, [vi("x", ["batch", 4])], [vi("y", ["batch", 4])])
+    with pytest.raises(MemoryPlanError, match=rf"'table' \(Constant\).*\[{rows}, {rows}\]"):
+        bound(model, {"x": np.ones((2, 4), np.float32)})
 
 
 # ---- real exports ------------------------------------------------------------------------
