@@ -38,7 +38,7 @@ def shared_client():
         if "client" not in _shared:
             from distributed import Client
 
-            cluster = local_cluster(2, dashboard_address=":0")
+            cluster = local_cluster(2)
             _shared["cluster"] = cluster
             _shared["client"] = Client(cluster)
             atexit.register(close_shared_client)

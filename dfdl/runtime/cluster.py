@@ -7,12 +7,16 @@ dfdl's settings (:data:`DASK_CONFIG`, a pause at the spill line, the worker prel
 given: one worker process with one thread per core, so tiles never cross a process
 boundary, BLAS and numba run one thread per task (parallelism comes from tiles) and
 the scheduler's queuing is off (``worker-saturation: inf``); it stays up for the
-process's next call. :func:`connect` yields a given client or that one;
+process's next call. dfdl's local clusters are private: scheduler, nannies and workers
+speak ``tls://`` with a certificate made for the cluster (``Security.temporary()``), so
+only clients holding it (``Client(cluster)``) get in, and no HTTP server listens unless
+a dashboard was asked for. :func:`connect` yields a given client or that one;
 :func:`open_client` connects to a scheduler's address (TLS included) or raises a
 :class:`~dfdl.errors.ConfigError` that says why not.
 
 Guarantees: the settings here change where and when tasks run, never a value; every
-worker, restarted ones too, runs dfdl's worker setup.
+worker, restarted ones too, runs dfdl's worker setup; a client without the cluster's
+credentials is refused during the TLS handshake (``docs/user/security.md``).
 
 Example:
     >>> parse_memory("1 KiB")
@@ -36,7 +40,8 @@ from collections.abc import Iterator
 
 import dask
 from dask.utils import parse_bytes
-from distributed import Client
+from distributed import Client, Nanny, Scheduler, Worker
+from distributed.security import Security
 
 from dfdl.errors import ConfigError
 from dfdl.runtime import latency
@@ -161,12 +166,19 @@ def local_cluster(n_workers: int | None = None, **kwargs):
         **kwargs: passed to ``distributed.LocalCluster``: ``memory_limit`` (bytes, or
             a string like ``"2GiB"``, per worker process), ``local_directory`` (where
             workers spill), ``threads_per_worker``, ``dashboard_address`` (default
-            None: no dashboard; with one, it has dfdl's page, see
-            :mod:`dfdl.runtime.dashboard`), ``security``...
+            None: no dashboard and no HTTP server at all; with one, the dashboard has
+            dfdl's page, see :mod:`dfdl.runtime.dashboard`), ``security`` (default: TLS
+            with a certificate made for this cluster, ``Security.temporary()``; a
+            ``Security`` of your own; ``False`` for plain ``tcp://``; a ``protocol`` or
+            a ``host`` with a scheme other than ``tls://`` also turns the default off)...
+
+    The cluster is private: ``Client(cluster)`` takes its credentials from
+    ``cluster.security``; a client without them is refused.
 
     Example:
         >>> cluster = dfdl.LocalCluster(2, memory_limit="1GiB",  # doctest: +SKIP
         ...                             local_directory="/scratch/me")
+        >>> client = Client(cluster)  # doctest: +SKIP
     """
     if n_workers is None:
         n_workers = 1
@@ -174,6 +186,9 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     kwargs.setdefault("threads_per_worker", 1)
     kwargs.setdefault("processes", True)
     kwargs.setdefault("dashboard_address", None)
+    kwargs["security"] = _security(kwargs)
+    # no HTTP server on the scheduler or the workers unless a dashboard was asked for
+    kwargs.setdefault("worker_class", DfdlNanny if kwargs["processes"] else DfdlWorker)
     if kwargs["dashboard_address"] is not None:
         import dfdl.runtime.dashboard  # noqa: F401 - adds the dfdl page before the scheduler starts
 
@@ -191,6 +206,63 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     return cluster
 
 
+def _security(kwargs: dict) -> Security | None:
+    """The ``security`` of :func:`local_cluster`: the one given (``False``: None, plain
+    tcp), else temporary TLS credentials unless a protocol other than tls was chosen."""
+    security = kwargs.get("security")
+    if security is False:
+        return None
+    if security is not None and security is not True:
+        return security
+    host = str(kwargs.get("host") or "")
+    protocol = kwargs.get("protocol") or (host.split("://")[0] if "://" in host else "tls")
+    if protocol.removesuffix("://") != "tls":
+        return None
+    try:
+        return Security.temporary()
+    except ImportError:
+        raise ConfigError(
+            "dfdl's local cluster speaks TLS with a temporary certificate, which needs the "
+            "'cryptography' package: pip install cryptography (or pass security=False)"
+        ) from None
+
+
+class DfdlScheduler(Scheduler):
+    """A ``distributed.Scheduler`` that starts its HTTP server (dashboard, Prometheus
+    metrics, health and JSON routes) only when a dashboard or Jupyter was asked for; Dask's
+    own one always listens, on port 8787 when free."""
+
+    def __init__(self, *args, dashboard=None, dashboard_address=None, jupyter=False, **kwargs):
+        self._dfdl_http = bool(dashboard or dashboard_address is not None or jupyter)
+        super().__init__(
+            *args,
+            dashboard=dashboard,
+            dashboard_address=dashboard_address,
+            jupyter=jupyter,
+            **kwargs,
+        )
+
+    def start_http_server(self, *args, **kwargs):
+        if self._dfdl_http:
+            super().start_http_server(*args, **kwargs)
+
+
+class DfdlWorker(Worker):
+    """A ``distributed.Worker`` that starts its HTTP server only with a worker dashboard
+    (``worker_dashboard_address``); Dask's own one always listens, on a random port."""
+
+    def start_http_server(self, routes, dashboard_address, *args, **kwargs):
+        if dashboard_address is not None or getattr(self, "_dashboard", True):
+            super().start_http_server(routes, dashboard_address, *args, **kwargs)
+
+
+class DfdlNanny(Nanny):
+    """A ``distributed.Nanny`` whose worker process is a :class:`DfdlWorker`."""
+
+    def __init__(self, *args, worker_class=None, **kwargs):
+        super().__init__(*args, worker_class=worker_class or DfdlWorker, **kwargs)
+
+
 @functools.cache
 def _restart_safe_local_cluster():
     """``distributed.LocalCluster`` whose workers stay in ``cluster.workers`` across
@@ -202,7 +274,8 @@ def _restart_safe_local_cluster():
     just before an earlier timer fires (while its nanny restarts it, about 1.5 s here)
     lost its nanny for good, and the cluster stayed one worker short (measured: about
     one in 20 SIGKILLs 6-10 s apart). Here the timer only drops the nanny when no worker
-    of that name registered since it left.
+    of that name registered since it left. Its scheduler starts no HTTP server unless a
+    dashboard was asked for (:class:`DfdlScheduler`).
     """
     import asyncio
 
@@ -211,6 +284,12 @@ def _restart_safe_local_cluster():
     from distributed.deploy.cluster import Cluster
 
     class RestartSafeLocalCluster(LocalCluster):
+        async def _start(self):
+            # LocalCluster names distributed's Scheduler; its HTTP server always listens
+            if self.scheduler_spec.get("cls") is Scheduler:
+                self.scheduler_spec = {**self.scheduler_spec, "cls": DfdlScheduler}
+            await super()._start()
+
         def _update_worker_status(self, op, msg):
             registered = self.__dict__.setdefault("_dfdl_registered", {})
             if op == "add":

@@ -13,8 +13,8 @@ dfdl.runtime.dashboard``. Importing it installs the page, so that must happen be
 scheduler starts. The page only reads the monitor's data; it never touches a training.
 
 Example:
-    >>> cluster = dfdl.LocalCluster(2, dashboard_address=":8787")  # doctest: +SKIP
-    >>> # http://localhost:8787/dfdl while dfdl.train(..., client=Client(cluster)) runs
+    >>> cluster = dfdl.LocalCluster(2, dashboard_address="127.0.0.1:8787")  # doctest: +SKIP
+    >>> # http://127.0.0.1:8787/dfdl while dfdl.train(..., client=Client(cluster)) runs
 """
 
 from __future__ import annotations

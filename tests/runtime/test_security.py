@@ -3,20 +3,31 @@
 The cluster is a real LocalCluster with ``Security.temporary()`` credentials (a fresh CA,
 certificate and key; scheduler, workers and client all speak ``tls://``). The command
 line case runs ``python -m dfdl train --scheduler tls://...`` as a subprocess against it.
+dfdl's own clusters (the embedded one of ``dfdl.train(client=None)``, ``dfdl.LocalCluster``)
+are private by default: their scheduler, nannies and workers refuse whoever lacks the
+cluster's certificate, and no HTTP server listens unless a dashboard was asked for.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import json
+import threading
+import urllib.request
+
 import numpy as np
 import onnx
+import psutil
 import pytest
 from distributed import Client
+from distributed.comm import connect
 from distributed.security import Security
 
 import dfdl
 import dfdl.models
 from dfdl.errors import ConfigError
-from dfdl.runtime.cluster import open_client
+from dfdl.runtime.cluster import embedded_client, open_client
 from tests.cli.helpers import dfdl_cli
 
 SIZES = (16, 64, 4)
@@ -110,3 +121,119 @@ def test_command_line_trains_over_tls_and_names_missing_credentials(secured, tmp
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "no TLS credentials were given" in r.stderr and "--tls-ca-file" in r.stderr
     assert not (tmp_path / "refused.onnx").exists()
+
+
+# who tries to get into a private cluster: (label, address rewrite, credentials)
+INTRUDERS = {
+    "plain tcp": ("tcp://", lambda: None),
+    "tls without a certificate": ("tls://", lambda: None),
+    "tls with another cluster's certificate": ("tls://", Security.temporary),
+}
+
+
+def _identity(address: str, security: Security | None) -> dict:
+    """The ``identity`` a scheduler, nanny or worker at ``address`` answers over Dask's
+    comms: what anyone who connects can ask (or ``run`` code, on a worker)."""
+
+    async def ask():
+        args = (security or Security()).get_connection_args("client")
+        comm = await connect(address, timeout=5, **args)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await asyncio.wait_for(comm.read(), 10)
+        finally:
+            comm.abort()
+
+    return asyncio.run(ask())
+
+
+def _servers(client) -> dict[str, str]:
+    """The comm address of the scheduler, each nanny and each worker of ``client``'s cluster."""
+    info = client.scheduler_info()
+    out = {"scheduler": client.scheduler.address}
+    for i, (address, w) in enumerate(sorted(info["workers"].items())):
+        out[f"worker {i}"] = address
+        out[f"nanny {i}"] = w["nanny"]
+    return out
+
+
+def _assert_refused(address: str, how: str) -> None:
+    protocol, credentials = INTRUDERS[how]
+    address = protocol + address.split("://", 1)[1]
+    # TypeError: distributed's words for "tls:// without a TLS context"
+    with pytest.raises((OSError, TypeError)):
+        _identity(address, credentials())
+    with pytest.raises((OSError, TypeError)):
+        Client(address, security=credentials(), timeout=5)
+    gc.collect()  # the half-started Client, before the next one starts (see open_client)
+
+
+def _http_servers(client) -> list[str]:
+    """Where the scheduler and the workers of ``client``'s in-process cluster serve HTTP,
+    and the listening sockets of each worker process besides its comm address."""
+    scheduler = client.cluster.scheduler
+    found = []
+    if hasattr(scheduler, "http_server"):
+        found.append(f"scheduler {scheduler.http_server.port}")
+
+    def listening(dask_worker):
+        port = int(dask_worker.address.rsplit(":", 1)[1])
+        sockets = psutil.Process().net_connections("inet")
+        extra = [c.laddr.port for c in sockets if c.status == "LISTEN" and c.laddr.port != port]
+        return {"http": hasattr(dask_worker, "http_server"), "other ports": extra}
+
+    for address, seen in client.run(listening).items():
+        if seen["http"] or seen["other ports"]:
+            found.append(f"worker {address}: {seen}")
+    return found
+
+
+def test_the_embedded_cluster_refuses_outsiders_while_dfdl_trains():
+    own = embedded_client()
+    cluster = own.cluster
+    assert cluster.scheduler_address.startswith("tls://")
+    servers = _servers(own)
+    assert all(a.startswith("tls://") for a in servers.values()), servers
+    before = set(cluster.scheduler.clients)
+    result = {}
+    training = threading.Thread(target=lambda: result.update(r=_train(None)))
+    training.start()
+    try:
+        for where, address in servers.items():
+            # dfdl's own credentials are let in: the probe itself works
+            assert _identity(address, cluster.security)["type"], where
+            for how in INTRUDERS:
+                _assert_refused(address, how)
+    finally:
+        training.join(120)
+    assert not training.is_alive()
+    assert len(result["r"].history["loss"]) == STEPS
+    assert np.isfinite(result["r"].history["loss"]).all()
+    assert set(cluster.scheduler.clients) == before  # no client got in
+    assert embedded_client() is own  # the run used the embedded cluster
+
+
+def test_no_http_server_listens_without_a_dashboard():
+    client = embedded_client()
+    assert _http_servers(client) == []
+    assert client.cluster.dashboard_link == ""
+
+
+def test_a_dashboard_asked_for_is_served_with_dfdls_page():
+    with (
+        dfdl.LocalCluster(1, threads_per_worker=1, dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        assert cluster.scheduler_address.startswith("tls://")
+        assert client.security is cluster.security  # Client(cluster) took the credentials
+        page = cluster.dashboard_link.replace("/status", "/dfdl/json")
+        with urllib.request.urlopen(page, timeout=10) as response:
+            assert response.status == 200
+            assert json.load(response)["runs"] == []
+        assert _http_servers(client) == [f"scheduler {cluster.scheduler.http_server.port}"]
+
+
+def test_security_false_gives_a_plain_tcp_cluster():
+    with dfdl.LocalCluster(1, threads_per_worker=1, security=False) as cluster, Client(cluster):
+        assert cluster.scheduler_address.startswith("tcp://")
+        assert _identity(cluster.scheduler_address, None)["type"].endswith("Scheduler")

@@ -78,7 +78,7 @@ def paused_client(tmp_path):
 
 def test_gather_gives_up_on_workers_paused_for_memory(paused_client):
     futures = paused_client.map(_slow_square, range(4))
-    with pytest.raises(TrainingError, match=r"paused by Dask's memory monitor for 1 s \(tcp://"):
+    with pytest.raises(TrainingError, match=r"paused by Dask's memory monitor for 1 s \(tls://"):
         gather_watching(paused_client, futures, poll=0.2, give_up=1.0)
 
 
