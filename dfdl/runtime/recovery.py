@@ -167,9 +167,12 @@ MEMORY_RESTART_ADVICE = (
 )
 
 
-def memory_restart_error(events: list[dict]) -> TrainingError:
-    """The error when workers restarted for memory lost data training needs."""
+def memory_restart_error(events: list[dict], killed_task=None) -> TrainingError:
+    """The error when workers restarted for memory lost data training needs
+    (``killed_task``: the key of Dask's ``KilledWorker``, when it gave up on a task)."""
     what = "; ".join(describe_memory_restart(e) for e in events)
+    if killed_task is not None:
+        what += f"; {describe_key(killed_task)} was running on every worker that died"
     return TrainingError(f"{what}; training stopped. {MEMORY_RESTART_ADVICE}")
 
 

@@ -417,7 +417,8 @@ class _Run:
                 if for_memory or not is_lost_data(e) or self.rollbacks >= MAX_ROLLBACKS:
                     self.reporter.end("failed")
                 if for_memory:
-                    raise memory_restart_error(for_memory) from e
+                    task = e.task if isinstance(e, KilledWorker) else None
+                    raise memory_restart_error(for_memory, task) from e
                 if isinstance(e, KilledWorker):
                     raise killed_worker_error(e) from e
                 if not is_lost_data(e):
