@@ -279,9 +279,10 @@ def transfer_budget(client) -> int | None:
 def gather_budget(client) -> int | None:
     """Bytes one gather may take from each worker: ``TRANSFER_FRACTION`` of the smallest
     limit (None when no worker has a limit). A worker reads its spilled tiles back into
-    memory to send them, whatever its pause line: a paused worker at 0.8 of 512 MiB that
-    sent 102 MiB (a tenth of two workers' limits) went past the nanny's 0.95 (measured,
-    ``bench/user_cluster.py``)."""
+    memory to send them, paused or not: with batches of a tenth of two 512 MiB workers'
+    limits together (102 MiB, from one worker or both), a worker went past the nanny's
+    0.95 while the trained weights were gathered (``bench/user_cluster.py``, 4.5x the
+    limits)."""
     limits = [int(w.get("memory_limit") or 0) for w in client.scheduler_info()["workers"].values()]
     if not limits or min(limits) <= 0:
         return None
