@@ -356,22 +356,39 @@ def transfer_budget(client) -> int | None:
     return max(1, int(TRANSFER_FRACTION * sum(limits)))
 
 
-def byte_batches(sizes: list[int], budget: int | None) -> list[range]:
+def gather_budget(client) -> int | None:
+    """Bytes one gather may take from each worker: ``TRANSFER_FRACTION`` of the smallest
+    limit (None when no worker has a limit). A worker reads its spilled tiles back into
+    memory to send them, paused or not: with batches of a tenth of two 512 MiB workers'
+    limits together (102 MiB, from one worker or both), a worker went past the nanny's
+    0.95 while the trained weights were gathered (``bench/user_cluster.py``, 4.5x the
+    limits)."""
+    limits = [int(w.get("memory_limit") or 0) for w in client.scheduler_info()["workers"].values()]
+    if not limits or min(limits) <= 0:
+        return None
+    return max(1, int(TRANSFER_FRACTION * min(limits)))
+
+
+def byte_batches(sizes: list[int], budget: int | None, owners: list | None = None) -> list[range]:
     """Consecutive index ranges whose sizes sum to at most ``budget`` (an item larger than
-    the budget travels alone); one range for everything when ``budget`` is None.
+    the budget travels alone); one range for everything when ``budget`` is None. With
+    ``owners`` (one per item), the budget bounds each owner's items in a range.
 
     Example:
         >>> byte_batches([4, 4, 4, 9, 1], 8)
         [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
+        >>> byte_batches([4, 4, 4, 4], 8, owners=["a", "b", "a", "b"])
+        [range(0, 4)]
     """
     if budget is None or not sizes:
         return [range(len(sizes))]
-    out, start, total = [], 0, 0
+    owners = owners if owners is not None else [None] * len(sizes)
+    out, start, total = [], 0, {}
     for i, n in enumerate(sizes):
-        if i > start and total + n > budget:
+        if i > start and total.get(owners[i], 0) + n > budget:
             out.append(range(start, i))
-            start, total = i, 0
-        total += n
+            start, total = i, {}
+        total[owners[i]] = total.get(owners[i], 0) + n
     out.append(range(start, len(sizes)))
     return out
 

@@ -11,6 +11,13 @@ the latest checkpoint it wrote, or the latest copy it gathered by itself as
 step is a pure function of the previous state, the step's batch and its seeds, so the
 replayed run ends with the same weights, bit for bit, as one that never lost a worker.
 
+A worker its nanny restarts for memory (above ``distributed.worker.memory.terminate``
+of its limit) is not routine: dfdl plans every task to end under
+:data:`dfdl.plan.estimate.HEADROOM` of the workers' limit, so memory outside the plan
+filled it. When such a restart loses data, training stops with a
+:func:`memory_restart_error` naming the worker, its limit and what to do; when Dask
+rebuilt everything, the run goes on and the restart is logged as a warning.
+
 Example:
     >>> from distributed.client import FutureCancelledError
     >>> is_lost_data(FutureCancelledError("k", reason="lost dependencies"))
@@ -27,6 +34,7 @@ from dataclasses import dataclass
 
 import dask
 import numpy as np
+from dask.utils import format_bytes
 from distributed.comm.core import CommClosedError
 
 from dfdl.errors import TrainingError
@@ -38,6 +46,14 @@ MAX_ROLLBACKS = 5
 #: seconds to wait for at least one worker after a loss (a nanny restarts a killed
 #: worker within seconds; a job queue may take longer to replace a node)
 WORKER_WAIT_S = 300.0
+
+
+#: the topic of the event a nanny logs when it restarts its worker for memory
+MEMORY_RESTART_TOPIC = "worker-restart-memory"
+
+#: seconds to wait for a nanny's restart event after data was lost (the nanny logs it
+#: in the background while it terminates the worker)
+MEMORY_EVENT_WAIT_S = 1.0
 
 
 def is_lost_data(exc: BaseException) -> bool:
@@ -73,6 +89,91 @@ def rollback_error(exc: BaseException, rollbacks: int) -> TrainingError:
         "stopped. Check the workers' logs for why they die (memory limits, node "
         "failures), then resume from the latest checkpoint (resume=True)."
     )
+
+
+class MemoryRestarts:
+    """The workers that nannies restarted for memory since this object was made.
+
+    Example:
+        >>> restarts = MemoryRestarts(client)  # doctest: +SKIP
+        >>> restarts.new()  # doctest: +SKIP
+        [{'worker': 'tcp://127.0.0.1:40211', 'pid': 4312, 'rss': 514215936}]
+    """
+
+    def __init__(self, client):
+        self.client = client
+        self.seen = {_event_key(e) for e in self._events()}
+        self.limits = {
+            addr: int(w.get("memory_limit") or 0)
+            for addr, w in client.scheduler_info()["workers"].items()
+        }
+
+    def _events(self) -> list[dict]:
+        try:
+            events = self.client.get_events(MEMORY_RESTART_TOPIC)
+        except Exception:  # noqa: BLE001 - a scheduler that cannot answer: none known
+            return []
+        return [dict(msg) for _, msg in events if isinstance(msg, dict)]
+
+    def new(self, wait: float = 0.0) -> list[dict]:
+        """Restart events not seen before, waiting up to ``wait`` seconds for one; each
+        is returned once, with the worker's ``memory_limit`` added where known."""
+        deadline = time.monotonic() + wait
+        while True:
+            found = [e for e in self._events() if _event_key(e) not in self.seen]
+            if found or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        self.seen.update(_event_key(e) for e in found)
+        for e in found:
+            e.setdefault("memory_limit", self.limits.get(e.get("worker"), 0))
+        return found
+
+
+def _event_key(event: dict) -> tuple:
+    return event.get("worker"), event.get("pid")
+
+
+def describe_memory_restart(event: dict) -> str:
+    """``"worker tcp://... (memory limit 512.00 MiB) was restarted by its nanny at 96%
+    of its limit (492.00 MiB resident)"``.
+
+    Example:
+        >>> text = describe_memory_restart(
+        ...     {"worker": "tcp://w:1", "rss": 492 * 2**20, "memory_limit": 512 * 2**20})
+        >>> text.split(" was ")[1]
+        'restarted by its nanny at 96% of its limit (492.00 MiB resident)'
+    """
+    limit = int(event.get("memory_limit") or 0)
+    rss = int(event.get("rss") or 0)
+    terminate = dask.config.get("distributed.worker.memory.terminate", 0.95)
+    at = f"{rss / limit:.0%} of its limit" if limit else f"its terminate line ({terminate})"
+    return (
+        f"worker {event.get('worker')} (memory limit "
+        f"{format_bytes(limit) if limit else 'unknown'}) was restarted by its nanny at {at} "
+        f"({format_bytes(rss)} resident)"
+    )
+
+
+#: what to do about a worker restarted for memory
+MEMORY_RESTART_ADVICE = (
+    "dfdl plans each task to end under 90% of the workers' memory limit and pauses the "
+    "workers at their spill line, so memory outside the plan filled the worker: another "
+    "program or Dask work on the same workers, a worker with more threads than the plan "
+    "was made for, or an estimate that is too low. Give the workers more memory "
+    "(memory_limit), keep other work off them, and resume from the latest checkpoint "
+    "(resume=True with checkpoint_dir); if it happens again, report it with the "
+    "worker's log."
+)
+
+
+def memory_restart_error(events: list[dict], killed_task=None) -> TrainingError:
+    """The error when workers restarted for memory lost data training needs
+    (``killed_task``: the key of Dask's ``KilledWorker``, when it gave up on a task)."""
+    what = "; ".join(describe_memory_restart(e) for e in events)
+    if killed_task is not None:
+        what += f"; {describe_key(killed_task)} was running on every worker that died"
+    return TrainingError(f"{what}; training stopped. {MEMORY_RESTART_ADVICE}")
 
 
 class AnchorPolicy:

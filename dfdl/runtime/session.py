@@ -42,7 +42,7 @@ from dfdl.errors import CheckpointError, ConfigError, DataError, FoldedParameter
 from dfdl.ir.onnx_io import ModelLike, exporter_folded, load_model, to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import StepPlan, Workers, choose_variant, training_plan
-from dfdl.runtime import checkpoint
+from dfdl.runtime import checkpoint, worker_setup
 from dfdl.runtime.cluster import (
     connect,
     default_workers,
@@ -57,10 +57,15 @@ from dfdl.runtime.probe import cluster_speeds
 from dfdl.runtime.progress import Progress
 from dfdl.runtime.recovery import (
     MAX_ROLLBACKS,
+    MEMORY_EVENT_WAIT_S,
+    MEMORY_RESTART_ADVICE,
     Anchor,
     AnchorPolicy,
+    MemoryRestarts,
+    describe_memory_restart,
     is_lost_data,
     killed_worker_error,
+    memory_restart_error,
     rollback_error,
     wait_for_workers,
 )
@@ -366,6 +371,9 @@ class TrainingSession:
         t_start = time.perf_counter()
         cfg = self.config
         self.resume_point()
+        if client is not None:
+            # before the thresholds are read: the plan is made for the workers as set up
+            worker_setup.install(client)
         workers = Workers(
             cores=total_threads(client) if client is not None else default_workers(),
             memory_limit=(
@@ -510,15 +518,26 @@ class _Run:
         """:meth:`attempt`, replayed from the anchor while lost data can be rebuilt that
         way (at most ``MAX_ROLLBACKS`` times)."""
         c = self.client
+        restarts = MemoryRestarts(c)
         while True:
             try:
                 with frozen_heaps(c, self.session.config.engine.freeze_heaps, owned=self.owned):
                     final = self.attempt()
+                for event in restarts.new():  # Dask rebuilt what the worker held
+                    logger.warning(
+                        "dfdl: %s. %s", describe_memory_restart(event), MEMORY_RESTART_ADVICE
+                    )
                 self.reporter.end("done")
                 return final
             except Exception as e:  # noqa: BLE001 - only lost data is retried
-                if not is_lost_data(e) or self.rollbacks >= MAX_ROLLBACKS:
+                lost = is_lost_data(e) or isinstance(e, KilledWorker)
+                # a restart for memory is a defect to explain, not a loss to replay
+                for_memory = restarts.new(wait=MEMORY_EVENT_WAIT_S) if lost else []
+                if for_memory or not is_lost_data(e) or self.rollbacks >= MAX_ROLLBACKS:
                     self.reporter.end("failed")
+                if for_memory:
+                    task = e.task if isinstance(e, KilledWorker) else None
+                    raise memory_restart_error(for_memory, task) from e
                 if isinstance(e, KilledWorker):
                     raise killed_worker_error(e) from e
                 if not is_lost_data(e):

@@ -36,7 +36,7 @@ from dfdl.errors import TrainingError
 from dfdl.plan.compile import StepPlan
 from dfdl.plan.tiling import Plan
 from dfdl.runtime import submit
-from dfdl.runtime.cluster import byte_batches, transfer_budget
+from dfdl.runtime.cluster import byte_batches, gather_budget, transfer_budget
 from dfdl.taskgraph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.taskgraph.optimize import GraphOptions, optimize
 from dfdl.taskgraph.tile_exec import assemble_task
@@ -86,18 +86,25 @@ class ClusterState:
         return cls(refs, {n: chunks[n] for n in values}, list(futures.values()))
 
     def gather(self, client, types) -> dict[str, np.ndarray]:
-        """The carried tensors as numpy arrays, gathered in batches of a share of the
-        workers' memory (a worker reads spilled tiles back to send them)."""
+        """The carried tensors as numpy arrays, gathered in batches of a share of each
+        worker's memory (a worker reads spilled tiles back to send them:
+        :func:`~dfdl.runtime.cluster.gather_budget`)."""
         flat = [(n, idx, r) for n, tiles in self.refs.items() for idx, r in tiles.items()]
         regions = {n: tile_regions(self.chunks[n]) for n in self.refs}
         sizes = [
             types[n].dtype.itemsize * math.prod(s.stop - s.start for s in regions[n][idx])
             for n, idx, _ in flat
         ]
+        futures = [r.ref if isinstance(r, Picked) else r for _, _, r in flat]
+        budget = gather_budget(client)
+        owners = None
+        if budget is not None:  # each worker sends at most the budget per batch
+            holders = client.who_has(futures)
+            owners = [min(holders.get(f.key) or [""]) for f in futures]
         out = {}
-        for part in byte_batches(sizes, transfer_budget(client)):
+        for part in byte_batches(sizes, budget, owners):
             batch = [flat[i] for i in part]
-            got = client.gather([r.ref if isinstance(r, Picked) else r for _, _, r in batch])
+            got = client.gather([futures[i] for i in part])
             for (name, idx, r), v in zip(batch, got):
                 if name not in out:
                     out[name] = np.empty(types[name].shape, dtype=types[name].dtype)

@@ -24,11 +24,18 @@ restarts. :func:`dfdl.LocalCluster`, the embedded cluster and
   Ctrl-C reaches every process of its group, and a worker that dies of it mid-task
   prints a traceback while its nanny (or the embedded cluster's process) closes it.
 
+:func:`dfdl.train` installs the same on any cluster it is given, as the worker plugin
+:class:`WorkerSetup` (:func:`install`), which Dask also runs on workers that restart or
+join later; the plugin moreover pauses each worker at its spill line
+(:func:`pause_at_spill`), as dfdl's own clusters are configured to. A worker that ran the
+preload is not set up twice (:data:`MARKER`).
+
 None of it changes a value a task computes.
 
 Example:
     >>> cfg = {"distributed.worker.preload": ["dfdl.runtime.worker_setup"]}
     >>> dask.config.set(cfg)  # doctest: +SKIP
+    >>> install(Client(cluster))  # doctest: +SKIP
 
 Measurements: ``docs/design/task-nice.md``, ``task-counter.md``, ``worker-memory.md``.
 """
@@ -40,6 +47,7 @@ import signal
 import threading
 
 import dask
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from dfdl.ops.cpu import scratch
 from dfdl.runtime import task_counter
@@ -48,6 +56,9 @@ from dfdl.taskgraph import gang, tile_exec
 
 #: nice value of the threads that run tile tasks (``dfdl.worker.task-nice`` overrides)
 TASK_NICE = 10
+
+#: attribute set on a worker once dfdl's setup ran there (preload or plugin)
+MARKER = "_dfdl_worker_setup"
 
 #: the logger Dask's memory monitor writes its pause and resume warnings to
 MEMORY_LOGGER = "distributed.worker.memory"
@@ -103,8 +114,32 @@ def leave_interrupts_to_nanny(worker) -> bool:
     return True
 
 
+def pause_at_spill(worker) -> bool:
+    """Pause ``worker`` at its spill line when its pause line is above it (Dask's default
+    pause is 0.8 of the memory limit, the spill line 0.7); returns whether it changed.
+
+    Above the spill line a worker's resident memory is more than its tiles: a task
+    started there, as Dask starts them up to the pause line, can carry the process past
+    the nanny's restart threshold (0.95). The planner sizes tasks for the pause line the
+    workers report (:func:`dfdl.runtime.cluster.worker_memory_config`).
+
+    Example:
+        >>> pause_at_spill(worker)  # doctest: +SKIP
+        True
+    """
+    manager = getattr(worker, "memory_manager", None)
+    spill = getattr(manager, "memory_spill_fraction", False)
+    pause = getattr(manager, "memory_pause_fraction", False)
+    if not (spill and pause) or pause <= spill:
+        return False
+    manager.memory_pause_fraction = spill
+    worker._dfdl_pause = pause  # what WorkerSetup.teardown puts back
+    return True
+
+
 async def dask_setup(worker) -> None:
-    """Preload hook: sets up a dfdl worker (see the module docstring).
+    """Preload hook: sets up a dfdl worker (see the module docstring); a worker already
+    set up (:data:`MARKER`) is left as it is.
 
     Example:
         >>> cfg = {"distributed.worker.preload": ["dfdl.runtime.worker_setup"]}
@@ -112,6 +147,9 @@ async def dask_setup(worker) -> None:
     """
     if not hasattr(worker, "plugin_add"):  # a nanny or a scheduler
         return
+    if getattr(worker, MARKER, False):
+        return
+    setattr(worker, MARKER, True)
     quiet_routine_pauses(worker)
     leave_interrupts_to_nanny(worker)
     tile_exec.TASK_NICE = int(dask.config.get("dfdl.worker.task-nice", TASK_NICE))
@@ -122,3 +160,44 @@ async def dask_setup(worker) -> None:
     scratch.fit_to_worker(getattr(manager, "memory_limit", None), threads + gang.HELPERS)
     task_counter.install(worker)
     await worker.plugin_add(plugin=HeapTrimmer(), name=HeapTrimmer.name)
+
+
+class WorkerSetup(WorkerPlugin):
+    """dfdl's worker setup as a worker plugin, for clusters dfdl did not start: what
+    :func:`dask_setup` does (once per worker), and :func:`pause_at_spill`.
+
+    ``idempotent``: registering it again, as every :func:`dfdl.train` call does, leaves
+    the workers alone.
+
+    Example:
+        >>> client.register_plugin(WorkerSetup())  # doctest: +SKIP
+    """
+
+    name = "dfdl-worker-setup"
+    idempotent = True
+
+    async def setup(self, worker) -> None:
+        # pause first: the trimmer's floor and the quiet pauses read the pause line
+        pause_at_spill(worker)
+        quiet_routine_pauses(worker)  # also on a worker the preload set up before
+        await dask_setup(worker)
+
+    def teardown(self, worker) -> None:
+        # unregistered: Dask's pause line again (the rest of the setup stays)
+        pause = getattr(worker, "_dfdl_pause", None)
+        if pause is not None:
+            worker.memory_manager.memory_pause_fraction = pause
+            del worker._dfdl_pause
+            logger = logging.getLogger(MEMORY_LOGGER)
+            for f in [f for f in logger.filters if isinstance(f, RoutinePauses)]:
+                logger.removeFilter(f)
+
+
+def install(client) -> None:
+    """Register :class:`WorkerSetup` on ``client``'s cluster: every worker runs it now, and
+    Dask runs it on each worker that restarts or joins later.
+
+    Example:
+        >>> install(Client("tcp://scheduler:8786"))  # doctest: +SKIP
+    """
+    client.register_plugin(WorkerSetup(), name=WorkerSetup.name)

@@ -134,6 +134,22 @@ def test_byte_batches_stay_under_the_budget():
     assert byte_batches([], 8) == [range(0)]
 
 
+def test_byte_batches_bound_what_each_owner_sends():
+    """A gather takes at most the budget from each worker per batch (a worker reads its
+    spilled tiles back to send them), however the tiles alternate between workers."""
+    from dfdl.runtime.cluster import byte_batches
+
+    sizes = [4, 4, 4, 4, 4, 4, 9, 1]
+    owners = ["a", "b", "a", "b", "a", "a", "b", "b"]
+    parts = byte_batches(sizes, 8, owners)
+    assert [i for p in parts for i in p] == list(range(len(sizes)))
+    for p in parts:
+        for who in set(owners):
+            mine = [sizes[i] for i in p if owners[i] == who]
+            assert sum(mine) <= 8 or len(mine) == 1
+    assert parts == [range(0, 4), range(4, 6), range(6, 7), range(7, 8)]
+
+
 def _kill(name, client, cluster) -> None:
     import signal
 

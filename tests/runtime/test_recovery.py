@@ -210,6 +210,19 @@ def test_task_that_kills_its_workers_stops_with_a_training_error(cluster, monkey
     assert "resume" in message
 
 
+def test_memory_restart_message_names_the_worker_its_limit_and_the_task():
+    from dfdl.runtime.recovery import memory_restart_error
+
+    event = {"worker": "tcp://10.0.0.7:4242", "pid": 7, "rss": 500 * 2**20}
+    err = memory_restart_error([{**event, "memory_limit": 512 * 2**20}], ("l1-bwd-0a1b", 3, 0))
+    assert str(err).startswith(
+        "worker tcp://10.0.0.7:4242 (memory limit 512.00 MiB) was restarted by its nanny at "
+        "98% of its limit (500.00 MiB resident); node 'l1' (bwd) of step 3 was running on "
+        "every worker that died; training stopped."
+    )
+    assert "Give the workers more memory" in str(err) and "resume=True" in str(err)
+
+
 def test_killed_worker_message_names_the_node():
     from distributed.core import Status
     from distributed.scheduler import KilledWorker, WorkerState
