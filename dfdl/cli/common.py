@@ -1,5 +1,6 @@
 """What the ``dfdl`` commands share: the one-line error parser, flag values, the
-optimizer, data loading and output checks.
+optimizer and data loading (output paths are checked and written by
+:mod:`dfdl.runtime.output`).
 
 Example:
     >>> parse_tiles("batch=2,model=1")
@@ -196,22 +197,6 @@ def load_data(path: str, labels: str | None) -> tuple[Any, Any]:
         raise
     except Exception as e:  # zipfile, pickle and format errors come as many types
         raise DataError(f"cannot read {path} as a .npz file: {e}") from e
-
-
-def check_output(path: str) -> None:
-    """Fail before any work when ``-o`` cannot be written (its folder does not exist).
-
-    Raises:
-        ConfigError: the folder of ``path`` does not exist.
-
-    Example:
-        >>> check_output("trained.onnx")
-    """
-    from dfdl.errors import ConfigError
-
-    folder = Path(path).absolute().parent
-    if not folder.is_dir():
-        raise ConfigError(f"-o {path}: the folder {folder} does not exist")
 
 
 def labels_type(graph, input_types: dict, loss: str):
