@@ -220,3 +220,13 @@ def labels_type(graph, input_types: dict, loss: str):
     if loss in ("cross_entropy", "dice"):  # class indices: the output without axis 1
         return TensorType((out.shape[0], *out.shape[2:]), np.int64)
     return out
+
+
+def written_beside(files: list[Path]) -> str:
+    """`` (weights in NAME.data)`` where a model was saved with external data, else "".
+
+    Example:
+        >>> written_beside([Path("m.onnx"), Path("m.onnx.data")])
+        ' (weights in m.onnx.data)'
+    """
+    return f" (weights in {files[1].name})" if len(files) > 1 else ""

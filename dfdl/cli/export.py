@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from dfdl.cli.common import add_training_args, labels_type, make_optimizer
+from dfdl.cli.common import add_training_args, labels_type, make_optimizer, written_beside
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -58,9 +58,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     m = dfdl.training_graph(
         proto, args.loss, make_optimizer(args), batch_size=args.batch_size, **kwargs
     )
-    save_model(m, args.output)
+    files = save_model(m, args.output)
     print(
-        f"wrote {args.output}: {len(m.graph.node)} nodes, {len(m.graph.input)} inputs, "
-        f"{len(m.graph.output)} outputs"
+        f"wrote {args.output}{written_beside(files)}: {len(m.graph.node)} nodes, "
+        f"{len(m.graph.input)} inputs, {len(m.graph.output)} outputs"
     )
     return 0

@@ -23,6 +23,7 @@ from dfdl.cli.common import (
     load_data,
     make_optimizer,
     parse_tiles,
+    written_beside,
 )
 
 
@@ -129,12 +130,15 @@ def cmd_train(args: argparse.Namespace) -> int:
             memory=args.memory,
         )
         elapsed = time.perf_counter() - start
-    save_trained(result, args.output)
+    files = save_trained(result, args.output)
     per_epoch = steps_per_epoch(len(as_source(X, "X")), args.batch_size, False)
     total = args.steps if args.steps is not None else per_epoch * args.epochs
     losses = result.history["loss"]
     print(summarize_losses(losses, first_step=total - len(losses), per_epoch=per_epoch))
-    print(f"trained {len(losses)} steps in {elapsed:.1f} s; wrote {args.output}")
+    print(
+        f"trained {len(losses)} steps in {elapsed:.1f} s; wrote {args.output}"
+        + written_beside(files)
+    )
     return 0
 
 
@@ -146,11 +150,14 @@ def _file_size(path: str) -> int:
         return 0
 
 
-def save_trained(result, path: str, fallback_dir: str | None = None) -> None:
+def save_trained(result, path: str, fallback_dir: str | None = None) -> list[Path]:
     """Write the trained model to ``path``; if that fails after all (the disk filled up
     during training), write it to a new folder in ``fallback_dir`` (the system's
     temporary folder by default) so that it is not lost, and raise the error naming
     both.
+
+    Returns:
+        The files written (the model, then its external data file if any).
 
     Raises:
         OutputError: ``path`` could not be written; the message says where the model
@@ -162,8 +169,7 @@ def save_trained(result, path: str, fallback_dir: str | None = None) -> None:
     from dfdl.errors import OutputError
 
     try:
-        result.save(path)
-        return
+        return result.save(path)
     except OutputError as e:
         error = e
     try:

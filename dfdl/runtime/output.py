@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import shutil
@@ -72,7 +73,7 @@ def check_output_path(path: str | os.PathLike, what: str = "-o", size: int = 0) 
         PosixPath('/home/me/trained.onnx')
     """
     target = _check_target(path, what)
-    folder = target.parent
+    folder = _written(target).parent
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".probe")
     except OSError as e:
@@ -102,10 +103,13 @@ def save_model(
     """Write ``proto`` to ``path`` atomically, with external data when it is large.
 
     The model is written to a temporary file in the same folder, flushed, fsynced and
-    renamed over ``path``. When its tensors hold more than ``external_threshold``
-    bytes, every initializer of :data:`EXTERNAL_MIN_TENSOR` bytes or more goes to one
-    external data file, ``<name>.data`` beside the model (location relative to the
-    model's folder), written and renamed into place first. ``proto`` is not modified.
+    renamed over ``path`` (over the file it links to, where ``path`` is a symbolic
+    link: external data then goes beside that file). When its tensors hold more than
+    ``external_threshold`` bytes, every initializer of :data:`EXTERNAL_MIN_TENSOR` bytes
+    or more goes to one external data file, ``<name>.data`` beside the model (location
+    relative to the model's folder), written and renamed into place first; a
+    ``<name>.data`` that only the replaced model used is removed when the new one has
+    none. ``proto`` is not modified.
 
     Args:
         proto: the model (with its tensor data loaded).
@@ -117,8 +121,8 @@ def save_model(
 
     Raises:
         OutputError: the path is not writable, the write failed (a full disk: the
-            message says "No space left on device"), or a single tensor is too large
-            for protobuf. The previous file at ``path`` (and its data file) is left as
+            message says "No space left on device"), or what stays in the model file
+            passes protobuf's 2 GiB. The previous file at ``path`` (and its data file) is left as
             it was, and no temporary file is left behind.
         ModelError: ``proto`` refers to external data that is not loaded.
 
@@ -126,10 +130,12 @@ def save_model(
         >>> save_model(result.model, "trained.onnx")  # doctest: +SKIP
         [PosixPath('/home/me/trained.onnx')]
     """
-    target = _check_target(path, "cannot write the model to")
+    shown = _check_target(path, "cannot write the model to")
+    target = _written(shown)
     folder = target.parent
     data_path = folder / f"{target.name}.data"
     external = tensor_bytes(proto) > external_threshold
+    stale = not external and _uses_data_file(target, data_path)
     mode = _new_file_mode(target)
     temps: list[str] = []
     try:
@@ -140,22 +146,27 @@ def save_model(
                 shells.append(_write_external(proto, data_path.name, f))
 
             data_tmp = _write_temp(data_path, mode, temps, write_data)
-            model_bytes = _serialize(shells.pop(), target)
+            model_bytes = _serialize(shells.pop(), shown)
         else:
-            model_bytes = _serialize(proto, target)
+            model_bytes = _serialize(proto, shown)
         model_tmp = _write_temp(target, mode, temps, lambda f: f.write(model_bytes))
         if external:
             _install_pair(data_tmp, data_path, model_tmp, target, temps)
         else:
             os.replace(model_tmp, target)
+            if stale:
+                with contextlib.suppress(OSError):
+                    os.unlink(data_path)
         _sync_folder(folder)
     except OSError as e:
         if isinstance(e, OutputError):
             raise
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
         raise OutputError(
-            f"cannot write the model to {target} ({_reason(e)}); the previous file there "
-            "(if any) is unchanged. Free some space or choose another folder, then save "
-            "again"
+            f"cannot write the model to {shown} ({_reason(e)}); the previous file there "
+            "(if any) is unchanged. "
+            + ("Free some space or choose another folder" if full else "Choose another folder")
+            + ", then save again"
         ) from e
     finally:
         for tmp in temps:
@@ -224,6 +235,32 @@ def _check_target(path: str | os.PathLike, what: str) -> Path:
     return target
 
 
+def _written(target: Path) -> Path:
+    """The file a write to ``target`` replaces: the one a symbolic link points to."""
+    return Path(os.path.realpath(target)) if os.path.islink(target) else target
+
+
+def _uses_data_file(target: Path, data_path: Path) -> bool:
+    """Whether the model now at ``target`` keeps tensors in ``data_path`` (read without
+    its data; a model file of 64 MiB or more is taken to hold its own)."""
+    if not os.path.isfile(data_path) or not os.path.isfile(target):
+        return False
+    if os.path.getsize(target) >= 64 * 2**20:
+        return False
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    try:
+        old = onnx.load(str(target), load_external_data=False)
+    except Exception:  # not an ONNX file: it cannot refer to the data file
+        return False
+    for t in _get_all_tensors(old):
+        if uses_external_data(t):
+            info = {e.key: e.value for e in t.external_data}
+            if info.get("location") == data_path.name:
+                return True
+    return False
+
+
 def _reason(e: OSError) -> str:
     return e.strerror or str(e) or type(e).__name__
 
@@ -262,8 +299,9 @@ def _serialize(proto: onnx.ModelProto, target: Path) -> bytes:
         return proto.SerializeToString()
     except Exception as e:  # upb raises ValueError or EncodeError past 2 GiB
         raise OutputError(
-            f"cannot write the model to {target}: protobuf cannot serialize it ({e}). A "
-            "tensor of 2 GiB or more cannot be stored in an ONNX file; split it"
+            f"cannot write the model to {target}: protobuf cannot serialize it ({e}); "
+            "what stays in the model file (tensors in node attributes or subgraphs, and "
+            "the graph) must be under 2 GiB"
         ) from e
 
 
@@ -306,7 +344,10 @@ def _sync_folder(folder: Path) -> None:
 def _raw_nbytes(t: onnx.TensorProto) -> int:
     """Bytes of a tensor's ``raw_data`` from its dims and type (reading the field copies
     it)."""
-    itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, ValueError, TypeError):  # an undefined or unknown element type
+        return len(t.raw_data)
     return math.prod(t.dims) * itemsize
 
 

@@ -336,3 +336,50 @@ def test_a_failed_model_rename_removes_the_new_data_file(tmp_path, monkeypatch):
         save_model(mlp(), tmp_path / "new.onnx", external_threshold=0)
     monkeypatch.undo()
     assert listing(tmp_path) == []
+
+
+def test_a_small_model_over_a_large_one_removes_its_data_file(tmp_path):
+    path = tmp_path / "m.onnx"
+    save_model(mlp(seed=1), path, external_threshold=0)
+    (tmp_path / "other.onnx.data").write_bytes(b"not ours")
+    assert save_model(mlp(seed=2), path) == [path]
+    assert listing(tmp_path) == ["m.onnx", "other.onnx.data"]
+    got = arrays(load_model(path))
+    for name, value in arrays(mlp(seed=2)).items():
+        np.testing.assert_array_equal(got[name], value)
+
+
+def test_a_data_file_the_previous_model_did_not_use_is_kept(tmp_path):
+    path = tmp_path / "m.onnx"
+    save_model(mlp(seed=1), path)
+    (tmp_path / "m.onnx.data").write_bytes(b"someone else's")
+    save_model(mlp(seed=2), path)
+    assert (tmp_path / "m.onnx.data").read_bytes() == b"someone else's"
+
+
+def test_saving_through_a_symbolic_link_replaces_the_file_it_points_to(tmp_path):
+    real = tmp_path / "runs" / "model-5.onnx"
+    real.parent.mkdir()
+    save_model(mlp(seed=1), real)
+    link = tmp_path / "latest.onnx"
+    link.symlink_to(real)
+    assert check_output_path(link) == link
+    save_model(mlp(seed=2), link)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert listing(tmp_path) == ["latest.onnx", "runs"]
+    assert listing(real.parent) == ["model-5.onnx"]
+    assert onnx.load(str(real)) == mlp(seed=2)
+
+    beside = real.parent / "latest.onnx"  # with external data: beside the file itself
+    beside.symlink_to(real.name)
+    save_model(mlp(seed=3), beside, external_threshold=0)
+    assert listing(real.parent) == ["latest.onnx", "model-5.onnx", "model-5.onnx.data"]
+    for loaded in (load_model(beside), load_model(real)):
+        got = arrays(loaded)
+        for name, value in arrays(mlp(seed=3)).items():
+            np.testing.assert_array_equal(got[name], value)
+
+    link.unlink()
+    link.symlink_to(tmp_path / "gone.onnx")
+    with pytest.raises(OutputError, match="not a regular file .*broken link"):
+        check_output_path(link)
