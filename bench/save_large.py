@@ -29,8 +29,9 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from dfdl.ir.onnx_io import tensor_bytes
 from dfdl.plan.estimate import format_bytes
-from dfdl.runtime.output import save_model, tensor_bytes
+from dfdl.runtime.output import save_model
 
 WIDTH = 16384
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import os
 import shutil
 import tempfile
@@ -36,11 +35,12 @@ from typing import BinaryIO
 import onnx
 
 from dfdl.errors import ModelError, OutputError
+from dfdl.ir.onnx_io import LARGE_MODEL_BYTES, raw_nbytes, tensor_bytes
 from dfdl.plan.estimate import format_bytes
 
 #: tensor bytes above which :func:`save_model` writes external data (protobuf's limit on
 #: one serialized message is 2 GiB; this leaves room for the graph itself)
-EXTERNAL_DATA_THRESHOLD = int(1.8 * 2**30)
+EXTERNAL_DATA_THRESHOLD = LARGE_MODEL_BYTES
 #: initializers smaller than this stay inside the model file when the rest goes external
 EXTERNAL_MIN_TENSOR = 1024
 #: offsets of tensors in the external data file are multiples of this (page-aligned, so
@@ -134,6 +134,7 @@ def save_model(
     target = _written(shown)
     folder = target.parent
     data_path = folder / f"{target.name}.data"
+    _refuse_unloaded(proto)
     external = tensor_bytes(proto) > external_threshold
     stale = not external and _uses_data_file(target, data_path)
     mode = _new_file_mode(target)
@@ -175,29 +176,17 @@ def save_model(
     return [target, data_path] if external else [target]
 
 
-def tensor_bytes(proto: onnx.ModelProto) -> int:
-    """Bytes of tensor data in a model (initializers and tensor attributes), counted
-    without copying them.
-
-    Raises:
-        ModelError: a tensor refers to external data that is not loaded.
-
-    Example:
-        >>> import dfdl.models
-        >>> tensor_bytes(dfdl.models.mlp((4, 3)))
-        60
-    """
+def _refuse_unloaded(proto: onnx.ModelProto) -> None:
+    """ModelError where a tensor refers to external data not loaded: its bytes are not in
+    ``proto`` and its location is relative to a folder ``save_model`` does not know."""
     from onnx.external_data_helper import _get_all_tensors
 
-    total = 0
     for t in _get_all_tensors(proto):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             raise ModelError(
                 f"tensor {t.name!r} refers to external data that is not loaded; load the "
                 "model with its data (onnx.load(path) or dfdl.ir.onnx_io.load_model) first"
             )
-        total += _raw_nbytes(t) if t.HasField("raw_data") else t.ByteSize()
-    return total
 
 
 # ------------------------------------------------------------------------------ checks
@@ -341,16 +330,6 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _raw_nbytes(t: onnx.TensorProto) -> int:
-    """Bytes of a tensor's ``raw_data`` from its dims and type (reading the field copies
-    it)."""
-    try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except (KeyError, ValueError, TypeError):  # an undefined or unknown element type
-        return len(t.raw_data)
-    return math.prod(t.dims) * itemsize
-
-
 def _copy_except(src, dst, skip: str) -> None:
     """Copy every set field of message ``src`` into ``dst`` except ``skip``."""
     for fd, value in src.ListFields():
@@ -372,7 +351,7 @@ def _write_external(proto: onnx.ModelProto, location: str, f: BinaryIO) -> onnx.
     _copy_except(proto.graph, shell.graph, "initializer")
     offset = 0
     for t in proto.graph.initializer:
-        if not t.HasField("raw_data") or _raw_nbytes(t) < EXTERNAL_MIN_TENSOR:
+        if not t.HasField("raw_data") or raw_nbytes(t) < EXTERNAL_MIN_TENSOR:
             shell.graph.initializer.add().CopyFrom(t)
             continue
         pad = -offset % EXTERNAL_ALIGN

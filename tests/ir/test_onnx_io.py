@@ -14,7 +14,7 @@ import pytest
 import dfdl
 from dfdl.errors import ModelError
 from dfdl.ir.graph import Graph
-from dfdl.ir.onnx_io import from_ir, load_model, to_ir
+from dfdl.ir.onnx_io import from_ir, load_model, tensor_bytes, to_ir
 from dfdl.models import ZOO, example_inputs
 from tests.ir.helpers import opset9_model, set_location
 
@@ -365,3 +365,13 @@ def test_files_without_torch_marks_have_no_exporter_constants():
     from dfdl.ir.onnx_io import exporter_constants
 
     assert exporter_constants(_marked_model(False)) == []
+
+
+def test_tensor_bytes_counts_the_data_without_serializing(tmp_path):
+    model = dfdl.models.mlp((64, 32, 10), seed=1)
+    weights = sum(len(t.raw_data) for t in model.graph.initializer)
+    assert tensor_bytes(model) == weights == (64 * 32 + 32 + 32 * 10 + 10) * 4
+    onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data")
+    shell = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    assert tensor_bytes(shell) < weights  # data left in the file counts nothing
+    assert tensor_bytes(load_model(tmp_path / "m.onnx")) == weights
