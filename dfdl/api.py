@@ -25,7 +25,7 @@ import onnx
 
 from dfdl.errors import ShapeError
 from dfdl.ir.graph import Graph
-from dfdl.ir.onnx_io import ModelLike, from_ir, load_model, to_ir
+from dfdl.ir.onnx_io import LARGE_MODEL_BYTES, ModelLike, from_ir, load_model, tensor_bytes, to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import Workers, inference_plan
 from dfdl.plan.tiling import Plan
@@ -310,5 +310,6 @@ def training_graph(
         frozen=frozen,
     )
     m = from_ir(tg.graph, symbolic=False)
-    onnx.checker.check_model(m)
+    if tensor_bytes(m) <= LARGE_MODEL_BYTES:  # the in-memory checker stops at 2 GiB
+        onnx.checker.check_model(m)
     return m

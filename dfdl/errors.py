@@ -133,6 +133,14 @@ class CheckpointError(DfdlError, ValueError):
         self.path = path
 
 
+class OutputError(DfdlError, OSError):
+    """An output file cannot be written: its path is empty, a folder, or in a folder that
+    does not exist or cannot be written to, the disk is full, or the model is too large
+    for the file format. Checked before training starts where possible
+    (:func:`dfdl.runtime.output.check_output_path`); a failed write leaves the previous
+    file untouched and no partial file behind (:func:`dfdl.runtime.output.save_model`)."""
+
+
 class TrainingError(DfdlError, RuntimeError):
     """Training stopped: the loss became NaN or infinite (the step is named)."""
 

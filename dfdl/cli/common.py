@@ -1,5 +1,6 @@
 """What the ``dfdl`` commands share: the one-line error parser, flag values, the
-optimizer, data loading and output checks.
+optimizer and data loading (output paths are checked and written by
+:mod:`dfdl.runtime.output`).
 
 Example:
     >>> parse_tiles("batch=2,model=1")
@@ -214,22 +215,6 @@ def load_data(path: str, labels: str | None) -> tuple[Any, Any]:
         raise DataError(f"cannot read {path} as a .npz file: {e}") from e
 
 
-def check_output(path: str) -> None:
-    """Fail before any work when ``-o`` cannot be written (its folder does not exist).
-
-    Raises:
-        ConfigError: the folder of ``path`` does not exist.
-
-    Example:
-        >>> check_output("trained.onnx")
-    """
-    from dfdl.errors import ConfigError
-
-    folder = Path(path).absolute().parent
-    if not folder.is_dir():
-        raise ConfigError(f"-o {path}: the folder {folder} does not exist")
-
-
 def labels_type(graph, input_types: dict, loss: str):
     """Type of one batch of labels for ``loss`` (None when the loss is a model output).
 
@@ -251,3 +236,13 @@ def labels_type(graph, input_types: dict, loss: str):
     if loss in ("cross_entropy", "dice"):  # class indices: the output without axis 1
         return TensorType((out.shape[0], *out.shape[2:]), np.int64)
     return out
+
+
+def written_beside(files: list[Path]) -> str:
+    """`` (weights in NAME.data)`` where a model was saved with external data, else "".
+
+    Example:
+        >>> written_beside([Path("m.onnx"), Path("m.onnx.data")])
+        ' (weights in m.onnx.data)'
+    """
+    return f" (weights in {files[1].name})" if len(files) > 1 else ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from dfdl.cli.common import add_training_args, check_output, labels_type, make_optimizer
+from dfdl.cli.common import add_training_args, labels_type, make_optimizer, written_beside
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -40,13 +40,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         >>> main(["export-training-graph", "mlp.onnx", "-o", "t.onnx"])  # doctest: +SKIP
         0
     """
-    import onnx
-
     import dfdl
     from dfdl.ir.onnx_io import load_model, to_ir
     from dfdl.ops.registry import TensorType
+    from dfdl.runtime.output import check_output_path, save_model
 
-    check_output(args.output)
+    check_output_path(args.output, "-o")
     proto = load_model(args.model)
     graph = to_ir(proto)
     name = graph.inputs[0] if graph.inputs else ""
@@ -59,9 +58,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     m = dfdl.training_graph(
         proto, args.loss, make_optimizer(args), batch_size=args.batch_size, **kwargs
     )
-    onnx.save(m, args.output)
+    files = save_model(m, args.output)
     print(
-        f"wrote {args.output}: {len(m.graph.node)} nodes, {len(m.graph.input)} inputs, "
-        f"{len(m.graph.output)} outputs"
+        f"wrote {args.output}{written_beside(files)}: {len(m.graph.node)} nodes, "
+        f"{len(m.graph.input)} inputs, {len(m.graph.output)} outputs"
     )
     return 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,11 +20,11 @@ from pathlib import Path
 from dfdl.cli.common import (
     TILES_HELP,
     add_training_args,
-    check_output,
     load_data,
     make_optimizer,
     parse_tiles,
     positive_int,
+    written_beside,
 )
 
 
@@ -109,10 +111,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dfdl.data import as_source
     from dfdl.data.order import steps_per_epoch
     from dfdl.errors import ConfigError, DataError
+    from dfdl.runtime.output import check_output_path
     from dfdl.runtime.session import TrainingSession, train_config
     from dfdl.training.losses import LOSSES
 
-    check_output(args.output)
+    check_output_path(args.output, "-o", size=_file_size(args.model))
     X, y = load_data(args.data, args.labels)
     if y is None and args.loss in LOSSES:
         raise DataError(
@@ -152,13 +155,56 @@ def cmd_train(args: argparse.Namespace) -> int:
         start = time.perf_counter() - prepared_s  # not counting the wait for a cluster
         result = session.run(client)
         elapsed = time.perf_counter() - start
-    result.save(args.output)
+    files = save_trained(result, args.output)
     per_epoch = steps_per_epoch(len(as_source(X, "X")), args.batch_size, False)
     total = args.steps if args.steps is not None else per_epoch * args.epochs
     losses = result.history["loss"]
     print(summarize_losses(losses, first_step=total - len(losses), per_epoch=per_epoch))
-    print(f"trained {len(losses)} steps in {elapsed:.1f} s; wrote {args.output}")
+    print(
+        f"trained {len(losses)} steps in {elapsed:.1f} s; wrote {args.output}"
+        + written_beside(files)
+    )
     return 0
+
+
+def _file_size(path: str) -> int:
+    """Bytes of the model file (what the trained model needs at least), 0 if unknown."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def save_trained(result, path: str, fallback_dir: str | None = None) -> list[Path]:
+    """Write the trained model to ``path``; if that fails after all (the disk filled up
+    during training), write it to a new folder in ``fallback_dir`` (the system's
+    temporary folder by default) so that it is not lost, and raise the error naming
+    both.
+
+    Returns:
+        The files written (the model, then its external data file if any).
+
+    Raises:
+        OutputError: ``path`` could not be written; the message says where the model
+            went instead, or that writing it there failed too.
+
+    Example:
+        >>> save_trained(result, "trained.onnx")  # doctest: +SKIP
+    """
+    from dfdl.errors import OutputError
+
+    try:
+        return result.save(path)
+    except OutputError as e:
+        error = e
+    try:
+        folder = tempfile.mkdtemp(prefix="dfdl-trained-", dir=fallback_dir)
+        kept = result.save(os.path.join(folder, os.path.basename(path) or "trained.onnx"))
+    except OSError as e:
+        raise OutputError(f"{error}; writing it to a temporary folder failed too ({e})") from error
+    raise OutputError(
+        f"{error}. The trained model was written to {kept[0]} instead; move it where you want it"
+    ) from error
 
 
 def summarize_losses(losses: Sequence[float], first_step: int, per_epoch: int) -> str:

@@ -38,6 +38,11 @@ MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
 #: ``metadata_props`` key of a converted model: the default-domain opset it was written for
 CONVERTED_FROM = "dfdl.converted_from_opset"
+#: tensor bytes past which a model is not serialized whole: protobuf cannot encode a
+#: message of 2 GiB (``ByteSize`` raises), and the graph needs room beside the tensors.
+#: Such a model skips the in-memory ``onnx.checker`` and is saved with external data
+#: (:func:`dfdl.runtime.output.save_model`).
+LARGE_MODEL_BYTES = int(1.8 * 2**30)
 
 #: numpy-native element types dfdl tiles carry
 _SUPPORTED_ELEM_TYPES = {
@@ -162,11 +167,46 @@ def load_model(model: ModelLike, *, convert: bool = True) -> onnx.ModelProto:
             f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}"
         )
     try:
-        if proto.ByteSize() < 2**31 - 1:
+        if tensor_bytes(proto) <= LARGE_MODEL_BYTES:
             onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as e:
         raise ModelError(f"the model fails onnx.checker: {str(e).strip()}") from e
     return convert_opset(proto) if convert else proto
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of tensor data a model holds (initializers and tensor attributes, subgraphs
+    included; external data not loaded counts 0), counted without serializing or
+    copying them: ``ModelProto.ByteSize`` encodes the whole model, and fails past 2 GiB.
+
+    Example:
+        >>> import dfdl.models
+        >>> tensor_bytes(dfdl.models.mlp((4, 3)))
+        60
+    """
+    from onnx.external_data_helper import _get_all_tensors
+
+    total = 0
+    for t in _get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        total += raw_nbytes(t) if t.HasField("raw_data") else t.ByteSize()
+    return total
+
+
+def raw_nbytes(t: onnx.TensorProto) -> int:
+    """Bytes of a tensor's ``raw_data``, from its dims and element type where it has a
+    fixed size (reading the field copies it).
+
+    Example:
+        >>> raw_nbytes(numpy_helper.from_array(np.zeros((2, 3), np.float32)))
+        24
+    """
+    try:
+        itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, ValueError, TypeError):  # an undefined or unknown element type
+        return len(t.raw_data)
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
 
 
 def _default_opset(model: onnx.ModelProto) -> int | None:
@@ -219,7 +259,7 @@ def convert_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     )
     complete_conversion(out, version)
     try:
-        if out.ByteSize() < 2**31 - 1:
+        if tensor_bytes(out) <= LARGE_MODEL_BYTES:
             onnx.checker.check_model(out)
     except onnx.checker.ValidationError as e:
         raise ModelError(

@@ -13,8 +13,10 @@ Example:
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -65,9 +67,28 @@ class TrainResult:
     rollbacks: int = 0
     fused: bool = False
 
-    def save(self, path) -> None:
-        """Write the trained model as an ONNX file (onnxruntime runs it)."""
-        onnx.save(self.model, str(path))
+    def save(self, path: str | os.PathLike) -> list[Path]:
+        """Write the trained model as an ONNX file (onnxruntime runs it), atomically.
+
+        A model of more than :data:`dfdl.runtime.output.EXTERNAL_DATA_THRESHOLD` bytes
+        of tensors (protobuf cannot write 2 GiB) keeps its large initializers in one
+        file beside it, ``<name>.data``; see :func:`dfdl.runtime.output.save_model`.
+
+        Returns:
+            The files written: the model, then its data file if any.
+
+        Raises:
+            OutputError: the file cannot be written (the message names the path and
+                the reason, e.g. "No space left on device"); a file already at
+                ``path`` is left unchanged and no partial file is left behind.
+
+        Example:
+            >>> result.save("trained.onnx")  # doctest: +SKIP
+            [PosixPath('/home/me/trained.onnx')]
+        """
+        from dfdl.runtime.output import save_model
+
+        return save_model(self.model, path)
 
 
 def trained_model(proto: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> onnx.ModelProto:

@@ -15,7 +15,7 @@ import pytest
 import dfdl
 from dfdl.errors import ModelError
 from dfdl.ir.graph import Graph
-from dfdl.ir.onnx_io import from_ir, load_model, to_ir
+from dfdl.ir.onnx_io import from_ir, load_model, tensor_bytes, to_ir
 from dfdl.models import ZOO, example_inputs
 from tests.ir.helpers import opset9_model, set_location
 
@@ -400,3 +400,13 @@ def test_exporter_folded_finds_what_torchs_optimizer_folds(optimize):
     # the optimizer stores the token expanded to the example's batch and the weight
     # transposed, as new initializers; without it the file holds the parameters themselves
     assert (len(folded) == 2) if optimize else (folded == []), folded
+
+
+def test_tensor_bytes_counts_the_data_without_serializing(tmp_path):
+    model = dfdl.models.mlp((64, 32, 10), seed=1)
+    weights = sum(len(t.raw_data) for t in model.graph.initializer)
+    assert tensor_bytes(model) == weights == (64 * 32 + 32 + 32 * 10 + 10) * 4
+    onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data")
+    shell = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    assert tensor_bytes(shell) < weights  # data left in the file counts nothing
+    assert tensor_bytes(load_model(tmp_path / "m.onnx")) == weights
