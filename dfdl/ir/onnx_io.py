@@ -66,7 +66,9 @@ ModelLike = str | os.PathLike | bytes | onnx.ModelProto
 def np_dtype(elem_type: int, what: str) -> np.dtype:
     """numpy dtype for an ONNX element type, or UnsupportedOpError naming ``what``."""
     if elem_type not in _SUPPORTED_ELEM_TYPES:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
+        known = elem_type in onnx.TensorProto.DataType.values()
+        name = onnx.TensorProto.DataType.Name(elem_type) if known else f"{elem_type} (unknown)"
+        name = name if elem_type else "UNDEFINED"
         raise UnsupportedOpError(
             f"{what} has element type {name}; dfdl supports float16/32/64, "
             "(u)int8/16/32/64 and bool. Convert the model (e.g. export in float32)."
