@@ -28,11 +28,11 @@ def _group_alive(pgid: int) -> bool:
 
 
 def test_ctrl_c_prints_one_line_and_leaves_nothing(work):
-    # the work files' 8-16-3 MLP on 24 samples: 3000 steps of milliseconds each
+    # the work files' 8-16-3 MLP on 24 samples: 60000 steps, far more than the test waits
     out = work / "interrupted.onnx"
     proc = subprocess.Popen(
         [sys.executable, "-m", "dfdl", "train", "mlp.onnx", "--data", "data.npz"]
-        + ["--epochs", "1000", "--batch-size", "8", "-o", str(out)]
+        + ["--epochs", "20000", "--batch-size", "8", "-o", str(out)]
         + ["--checkpoint-dir", "ckpt", "--checkpoint-every", "3"],
         cwd=work,
         stdout=subprocess.DEVNULL,
