@@ -5,7 +5,10 @@ before they are used.
 the run was, the name, shape and dtype of every array) under a temporary name, flushes
 it to disk and renames it into place (``os.replace`` is atomic on POSIX), then replaces
 the ``latest`` pointer the same way, syncing the folder after each rename.
-:func:`prepare` checks a folder before a run writes to it; :func:`find` and :func:`load`
+:func:`prepare` checks a folder before a run writes to it and, in a folder without
+checkpoints, writes an empty pointer ("a run writes here, no checkpoint yet"), so that a
+kill between the first checkpoint's file and its pointer leaves a folder that resumes
+from step 0, not one that looks like foreign files; :func:`find` and :func:`load`
 read the checkpoint the pointer names, and :func:`mismatch` compares it with a run.
 
 Guarantees: a crash or kill mid-write leaves the previous checkpoint as the latest;
@@ -76,7 +79,8 @@ def _atomic_write(path: Path, write) -> None:
 
 def prepare(directory: str | os.PathLike) -> Path:
     """Check that checkpoints can be written to ``directory``: create it if missing,
-    write and remove a probe file, and remove temporary files a killed write left.
+    write and remove a probe file, remove temporary files a killed write left and, when
+    the folder holds neither a pointer nor checkpoint files, write an empty pointer.
 
     Raises:
         CheckpointError: the path is a file, or the folder cannot be created or written.
@@ -103,6 +107,8 @@ def prepare(directory: str | os.PathLike) -> Path:
     for leftover in d.iterdir():
         if _LEFTOVER.match(leftover.name) and leftover.is_file():
             leftover.unlink(missing_ok=True)
+    if not (d / POINTER).exists() and not any(d.glob("step-*.npz")):
+        _atomic_write(d / POINTER, lambda f: None)
     return d
 
 
@@ -132,7 +138,8 @@ def save(
 
 def find(directory: str | os.PathLike) -> Path | None:
     """The checkpoint file that ``directory``'s ``latest`` pointer names, or None when
-    there is no pointer (or no folder).
+    there is no folder, no pointer, or an empty pointer (:func:`prepare` wrote it and
+    no checkpoint was committed since).
 
     Raises:
         CheckpointError: the pointer is unreadable, names a path outside the folder, or
@@ -160,7 +167,9 @@ def find(directory: str | os.PathLike) -> Path | None:
         name = pointer.read_bytes().decode().strip()
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint pointer {pointer} is unreadable ({e}): {fix}") from e
-    if not name or "/" in name or "\\" in name or name in (".", "..") or Path(name).is_absolute():
+    if not name:
+        return None
+    if "/" in name or "\\" in name or name in (".", "..") or Path(name).is_absolute():
         raise CheckpointError(
             f"checkpoint pointer {pointer} names {name!r}, not a file in {d}: {fix}",
             path=str(pointer),

@@ -325,8 +325,9 @@ class TrainingSession:
             if path is None and cfg.resume is True:
                 raise CheckpointError(
                     f"resume=True but checkpoint_dir {cfg.checkpoint_dir} holds no checkpoint "
-                    f"(no '{checkpoint.POINTER}' file): start without resume, or with "
-                    "resume='auto' (--resume-if-any) to start from step 0 when there is none",
+                    f"(its '{checkpoint.POINTER}' pointer is missing or empty): start without "
+                    "resume, or with resume='auto' (--resume-if-any) to start from step 0 when "
+                    "there is none",
                     path=str(cfg.checkpoint_dir),
                 )
             if path is not None:

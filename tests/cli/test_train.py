@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from dfdl.cli.train import summarize_losses
+from dfdl.runtime import checkpoint
 from tests.cli.helpers import SIZES, dfdl_cli, params
 
 
@@ -116,15 +117,15 @@ def test_killed_client_resumes_from_the_latest_checkpoint(work):
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    latest = work / "ckpt-kill" / "latest"
+    ckpt = work / "ckpt-kill"
     try:
         deadline = time.monotonic() + 120
-        while not latest.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        while not checkpoint.find(ckpt) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    assert latest.is_file(), "no checkpoint was written before the kill"
+    assert checkpoint.find(ckpt), "no checkpoint was written before the kill"
     assert proc.returncode == -signal.SIGKILL, "the run finished before it was killed"
     assert not (work / "killed.onnx").exists()
     r = dfdl_cli("train", *common, "--resume", "-o", "resumed.onnx", cwd=work)

@@ -167,10 +167,49 @@ def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path):
 # ---- the folder ----------------------------------------------------------------------------
 
 
-def test_prepare_creates_the_folder_and_leaves_nothing(tmp_path):
+def test_prepare_creates_the_folder_and_leaves_an_empty_pointer(tmp_path):
     d = tmp_path / "a" / "b"
     assert checkpoint.prepare(d) == d
-    assert d.is_dir() and os.listdir(d) == []
+    assert d.is_dir() and os.listdir(d) == ["latest"]
+    assert (d / "latest").read_bytes() == b""
+    assert checkpoint.find(d) is None
+
+
+def test_prepare_leaves_foreign_checkpoint_files_without_a_pointer(ckpt):
+    (ckpt / "latest").unlink()
+    checkpoint.prepare(ckpt)
+    assert not (ckpt / "latest").exists()  # which one to resume from stays the user's choice
+
+
+def test_a_kill_between_the_first_file_and_its_pointer_resumes_from_step_0(
+    client, uninterrupted, tmp_path
+):
+    """SIGKILL after the first checkpoint file is in place, before its pointer: the file
+    is not committed, so resume='auto' starts from step 0 (not a refusal of the folder)."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        import numpy as np
+        from dfdl.runtime import checkpoint
+        d = checkpoint.prepare({str(tmp_path / "ckpt")!r})
+        write = checkpoint._atomic_write
+        def killed(path, body):
+            if path.name == checkpoint.POINTER:
+                os.kill(os.getpid(), signal.SIGKILL)
+            write(path, body)
+        checkpoint._atomic_write = killed
+        checkpoint.save(d, 2, {{"w": np.zeros(10, np.float32)}}, {{}})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ}, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    d = tmp_path / "ckpt"
+    assert sorted(os.listdir(d)) == ["latest", "step-000000002.npz"]
+    assert checkpoint.find(d) is None
+    result = fit(client, steps=STEPS, checkpoint_dir=d, checkpoint_every=EVERY, resume="auto")
+    assert_same(result, uninterrupted)
+    assert len(result.history["loss"]) == STEPS
+    assert checkpoint.load_latest(d)[0] == STEPS
 
 
 def test_prepare_refuses_a_file_and_an_unwritable_folder(tmp_path):
@@ -200,7 +239,7 @@ def test_an_unwritable_folder_fails_before_training(client, tmp_path, where):
 
 
 @pytest.mark.parametrize(
-    "name", ["../step-000000004.npz", "/etc/hostname", "sub/step-000000004.npz", "..", ""]
+    "name", ["../step-000000004.npz", "/etc/hostname", "sub/step-000000004.npz", ".."]
 )
 def test_a_pointer_out_of_the_folder_is_refused(ckpt, name):
     (ckpt / "latest").write_text(name)

@@ -168,7 +168,7 @@ def test_sigkilled_runs_resume_bit_identically(tmp_path):
     began = time.monotonic()
     reference = tmp_path / "reference"
     proc = _launch(script, reference, tmp_path / "reference.npz")
-    while not (reference / checkpoint.POINTER).exists() and proc.poll() is None:
+    while not checkpoint.find(reference) and proc.poll() is None:
         assert time.monotonic() - began < 180, "the uninterrupted run never checkpointed"
         time.sleep(0.005)
     startup = time.monotonic() - began  # to the first checkpoint
