@@ -130,7 +130,12 @@ class Chromium:
         return self
 
     def __exit__(self, *exc):
-        self.ws.close()
+        async def close():
+            self.ws.close()
+
+        # inside the tab's loop: tornado's write of the close frame makes a Future, which
+        # outside a running loop needs a current one (an earlier asyncio.run() unset it)
+        self.loop.run_until_complete(close())
         self.loop.close()
         self.proc.kill()
         self.proc.wait(timeout=30)
