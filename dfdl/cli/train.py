@@ -143,6 +143,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ),
     )
     session.resume_point()  # the checkpoint folder and checkpoint, before a cluster starts
+    session.check_model_and_data()  # the model, loss and labels, before --scheduler/--slurm
     prepared_s = time.perf_counter() - start
     with contextlib.ExitStack() as stack:
         client = None

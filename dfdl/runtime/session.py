@@ -226,6 +226,7 @@ class TrainingSession:
         self._load_s = time.perf_counter() - t_start  # counted in the run's setup time
         self._graphs: dict[int, Any] = {}
         self._resume: tuple[int, dict[str, np.ndarray] | None] | None = None
+        self._checked = False
         self._spilling: dict[int, StepPlan] = {}
         self._chosen: dict[int, StepPlan] = {}
 
@@ -274,17 +275,36 @@ class TrainingSession:
             self._chosen[batch] = sp
         return self._chosen[batch]
 
+    def check_model_and_data(self) -> None:
+        """Build the first step's training graph and check the labels against it: the
+        errors of the model (unsupported ops, shapes), the loss and the data that need no
+        cluster, so a run on a user's scheduler fails before it connects (cached).
+
+        Raises:
+            DfdlError: the model, the loss or the data cannot train (the subclass names
+                which).
+
+        Example:
+            >>> session.check_model_and_data()  # doctest: +SKIP
+        """
+        if self._checked:
+            return
+        cfg = self.config
+        tg = self.training_graph(min(cfg.batch_size, len(self.X)))
+        if self.y is not None and not self.model_loss:
+            logits = tg.graph.types[tg.output]
+            labels = TensorType((logits.shape[0], *self.y.shape[1:]), self.y.dtype)
+            classes = label_classes(logits, labels)
+            check_labels(self.y, cfg.loss, classes, cfg.loss_options.get("ignore_index"))
+        self._checked = True
+
     def check(self, workers: Workers) -> StepPlan:
         """Compile the first step and check the labels and the validation data against
         the model: every error the model, the data or the plan can raise, before any
         cluster starts."""
         cfg = self.config
+        self.check_model_and_data()
         first = self.spilling_plan(min(cfg.batch_size, len(self.X)), workers)
-        if self.y is not None and not self.model_loss:
-            logits = first.tg.graph.types[first.tg.output]
-            labels = TensorType((logits.shape[0], *self.y.shape[1:]), self.y.dtype)
-            classes = label_classes(logits, labels)
-            check_labels(self.y, cfg.loss, classes, cfg.loss_options.get("ignore_index"))
         if self.validation is not None:
             check_validation(
                 self.graph,
@@ -372,6 +392,7 @@ class TrainingSession:
         t_start = time.perf_counter()
         cfg = self.config
         self.resume_point()
+        self.check_model_and_data()
         if client is not None:
             # before the thresholds are read: the plan is made for the workers as set up
             worker_setup.install(client)
