@@ -36,9 +36,12 @@ from dfdl.runtime.output import save_model
 WIDTH = 16384
 
 
-def build(gib: float, seed: int = 0) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
-    """The Gemm chain of ``gib`` GiB of weights, one input row and numpy's float32
-    output for it (each layer's weights live as a numpy array only while it is added)."""
+def build(
+    gib: float, seed: int = 0, batch: int | str = 1
+) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """The Gemm chain of ``gib`` GiB of weights (input ``(batch, WIDTH)``; a name makes
+    the batch axis symbolic), one input row and numpy's float32 output for it (each
+    layer's weights live as a numpy array only while it is added)."""
     rng = np.random.default_rng(seed)
     per_layer = WIDTH * WIDTH * 4
     widths = [WIDTH] * math.floor(gib * 2**30 / per_layer)
@@ -52,8 +55,8 @@ def build(gib: float, seed: int = 0) -> tuple[onnx.ModelProto, np.ndarray, np.nd
             for i in range(len(widths))
         ],
         "big",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, WIDTH])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, widths[-1]])],
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [batch, WIDTH])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [batch, widths[-1]])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10

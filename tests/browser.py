@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -64,6 +65,7 @@ class Chromium:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
         self.port = self._port()
         self.ids = itertools.count(1)
@@ -133,10 +135,12 @@ class Chromium:
         async def close():
             self.ws.close()
 
-        # inside the tab's loop: tornado's write of the close frame makes a Future, which
-        # outside a running loop needs a current one (an earlier asyncio.run() unset it)
-        self.loop.run_until_complete(close())
-        self.loop.close()
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-        shutil.rmtree(self.profile, ignore_errors=True)
+        try:
+            # inside the tab's loop: tornado's write of the close frame makes a Future,
+            # which outside a running loop needs a current one (asyncio.run() unsets it)
+            self.loop.run_until_complete(close())
+            self.loop.close()
+        finally:  # chromium's helper processes share its process group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            shutil.rmtree(self.profile, ignore_errors=True)
