@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 
 from dfdl.runtime.monitor import PLUGIN_NAME, TrainingMonitor, monitor_of
 
@@ -109,6 +110,27 @@ def _runs_table(runs: list[dict]) -> str:
     return f"<h3>dfdl trainings</h3><table>{head}{''.join(body)}</table>"
 
 
+def json_body(snapshot: dict) -> str:
+    """``snapshot`` as strict JSON: NaN and infinite numbers (a diverged validation loss)
+    become ``null``, which browsers' ``JSON.parse`` accepts and ``NaN`` is not.
+
+    Example:
+        >>> json_body({"runs": [{"val_loss": float("nan"), "loss": 0.5}]})
+        '{"runs": [{"val_loss": null, "loss": 0.5}]}'
+    """
+
+    def finite(v):
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [finite(x) for x in v]
+        return v
+
+    return json.dumps(finite(snapshot), allow_nan=False)
+
+
 def _json_handler():
     from distributed.http.utils import RequestHandler
 
@@ -117,7 +139,7 @@ def _json_handler():
             monitor = monitor_of(self.server)
             snap = monitor.snapshot() if monitor is not None else {"runs": [], "spilled_bytes": {}}
             self.set_header("Content-Type", "application/json")
-            self.write(json.dumps(snap))
+            self.write(json_body(snap))
 
     return DfdlJSON
 
