@@ -221,7 +221,8 @@ def train(
         checkpoint_dir: where checkpoints go; with ``checkpoint_every`` steps. Created if
             missing and checked writable before any cluster starts.
         checkpoint_every: steps between checkpoints (a positive integer; None: none).
-        progress: a tqdm bar on a terminal (steps, loss, samples/s).
+        progress: a tqdm bar on a terminal (steps, loss, samples/s); where stderr is
+            not a terminal, the same as a line every 30 s.
         resume: True: continue from the latest checkpoint in ``checkpoint_dir`` (an
             error if there is none); ``"auto"``: continue if there is one, else start
             from step 0. The checkpoint must be readable and written by a run with the
