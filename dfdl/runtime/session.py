@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import time
+import traceback
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -449,6 +450,13 @@ class TrainingSession:
             self.timings["setup_s"] = self._load_s + time.perf_counter() - t_start
             try:
                 final = run.with_recovery(progress)
+            except KeyboardInterrupt as e:
+                # the run's futures live in the frames of this traceback, which a notebook
+                # keeps (sys.last_traceback): free them, so the cluster drops the run's tasks
+                # and tiles now instead of computing them for nobody
+                traceback.clear_frames(e.__traceback__)
+                del run, collector, anchor
+                raise
             finally:
                 progress.close()
         return self._result(run, progress, collector, final, t_start)
