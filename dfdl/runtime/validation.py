@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -32,7 +33,7 @@ from dfdl.plan.compile import SPLIT_NORMS
 from dfdl.plan.tiling import make_plan
 from dfdl.runtime.executor import execute
 from dfdl.training.autodiff import GradBuilder
-from dfdl.training.losses import build_loss, label_classes
+from dfdl.training.losses import build_loss, classes_last, label_classes
 
 #: the labels' input name in a validation pass's graph
 LABELS = "labels"
@@ -165,7 +166,10 @@ def evaluate(
         tiles, cores, memory: the tiling the passes are planned with.
 
     Returns:
-        ``{"loss": mean loss}``, with ``"accuracy"`` for cross-entropy.
+        ``{"loss": mean loss}``, with ``"accuracy"`` for cross-entropy: the share of
+        labels the largest score predicts, counted per label (per pixel of a
+        segmentation, per token of a language model's ``(N, T, V)``), labels equal to
+        ``ignore_index`` left out.
 
     Example:
         >>> evaluate(client, graph, weights, (X_val, y_val), "cross_entropy", {}, 64,
@@ -176,7 +180,8 @@ def evaluate(
     tiles = _inference_tiles(tiles)
     g = graph.copy()
     g.initializers.update(weights)
-    total_loss, correct, count = 0.0, 0, 0
+    total_loss, correct, labelled, count = 0.0, 0, 0, 0
+    ignore = options.get("ignore_index")
     out_name = g.outputs[0]
     for i in range(0, len(Xv), batch_size):
         xb = Xv.take(np.arange(i, min(i + batch_size, len(Xv))))
@@ -195,12 +200,17 @@ def evaluate(
         out = execute(make_plan(bg, tiles, cores=cores, memory_limit=memory), feeds, client)
         if yb is not None:
             total_loss += float(out[bg.outputs[0]]) * len(xb)
-            if loss in ("cross_entropy",) and out[out_name].ndim >= 2:
-                correct += int((out[out_name].argmax(axis=1) == yb).sum())
+            scores = out[out_name]
+            if loss == "cross_entropy" and scores.ndim >= 2:
+                as_type = TensorType(scores.shape, scores.dtype), TensorType(yb.shape, yb.dtype)
+                predicted = scores.argmax(axis=-1 if classes_last(*as_type) else 1)
+                kept = np.ones(yb.shape, bool) if ignore is None else yb != ignore
+                correct += int(((predicted == yb) & kept).sum())
+                labelled += int(kept.sum())
         elif loss in g.outputs:  # the model computes its own (mean) loss
             total_loss += float(out[loss]) * len(xb)
         count += len(xb)
     metrics = {"loss": total_loss / count}
     if loss == "cross_entropy":
-        metrics["accuracy"] = correct / count
+        metrics["accuracy"] = correct / labelled if labelled else math.nan
     return metrics

@@ -139,6 +139,30 @@ def token_model(vocab: int = 7, seq: int = 5):
     )
 
 
+def test_language_model_accuracy_is_per_token_without_ignored_labels(client):
+    """A language model's accuracy: each token's largest score (the last axis) against its
+    label, tokens labelled ``ignore_index`` left out (it was the argmax over the
+    sequence axis, divided by the samples)."""
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(0, 7, (8, 5))
+    y_val = rng.integers(0, 7, (6, 5))
+    y_val[1, :3] = -100
+    result = dfdl.train(
+        token_model(),
+        (tokens, rng.integers(0, 7, (8, 5))),
+        validation=(tokens[:6], y_val),
+        client=client,
+        progress=False,
+        batch_size=4,
+        loss_options={"ignore_index": -100},
+    )
+    logits = dfdl.run(result.model, {"tokens": tokens[:6]}, client=client)["logits"]
+    kept = y_val != -100
+    want = ((logits.argmax(axis=-1) == y_val) & kept).sum() / kept.sum()
+    assert result.history["val_accuracy"] == [pytest.approx(want)]
+    assert 0.0 <= want <= 1.0
+
+
 @pytest.mark.usefixtures("nothing_submitted")
 def test_language_model_labels_are_checked_against_the_vocabulary(client):
     """Logits (N, T, V) with labels (N, T): the classes are the last axis, V."""
