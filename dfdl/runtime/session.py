@@ -331,7 +331,8 @@ class TrainingSession:
 
         Raises:
             CheckpointError: the folder cannot be written, the checkpoint is missing
-                (``resume=True``), unreadable or of another run.
+                (``resume=True``), unreadable or of another run; or a run without
+                ``resume`` would overwrite the folder's checkpoints.
 
         Example:
             >>> session.resume_point()  # doctest: +SKIP
@@ -353,6 +354,16 @@ class TrainingSession:
                 )
             if path is not None:
                 found = (path, *checkpoint.load(path))
+        elif cfg.checkpoint_every is not None:
+            existing = checkpoint.find(cfg.checkpoint_dir)
+            if existing is not None:
+                raise CheckpointError(
+                    f"checkpoint_dir {cfg.checkpoint_dir} holds another run's checkpoints "
+                    f"(latest {existing.name}), which a new run would overwrite: continue "
+                    "that run with resume=True (--resume) or resume='auto' "
+                    "(--resume-if-any), or give another checkpoint_dir",
+                    path=str(existing),
+                )
         if cfg.checkpoint_every is not None:
             checkpoint.prepare(cfg.checkpoint_dir)
         if found is None:

@@ -66,6 +66,11 @@ CASES = [
         ["mlp.onnx", "--data", "data.npz", "--checkpoint-dir", "escape_ckpt", "--resume"],
         "escape_ckpt/latest",
     ),
+    (
+        "a new run over another run's checkpoints",
+        ["mlp.onnx", "--data", "data.npz", "--checkpoint-dir", "used_ckpt", "--checkpoint-every=1"],
+        "holds another run's checkpoints",
+    ),
     # outputs
     ("output folder missing", ["mlp.onnx", "--data", "data.npz", "-o", "no/o.onnx"], "no"),
     ("output is a folder", ["mlp.onnx", "--data", "data.npz", "-o", "."], "folder"),
@@ -96,6 +101,9 @@ def bad(work) -> Path:
     (work / "empty").mkdir(exist_ok=True)
     (work / "escape_ckpt").mkdir(exist_ok=True)
     (work / "escape_ckpt" / "latest").write_text("../data.npz")
+    (work / "used_ckpt").mkdir(exist_ok=True)
+    (work / "used_ckpt" / "step-000000004.npz").write_bytes(b"another run's")
+    (work / "used_ckpt" / "latest").write_text("step-000000004.npz")
     return work
 
 

@@ -397,6 +397,15 @@ def test_mismatch_compares_what_an_older_checkpoint_has():
 
 
 @pytest.mark.usefixtures("nothing_submitted")
+def test_a_new_run_does_not_overwrite_another_runs_checkpoints(client, ckpt):
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    with pytest.raises(CheckpointError, match="holds another run's checkpoints") as info:
+        fit(client, steps=STEPS, checkpoint_dir=ckpt, checkpoint_every=EVERY)
+    assert "latest step-000000004.npz" in str(info.value) and "resume" in str(info.value)
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+
+
+@pytest.mark.usefixtures("nothing_submitted")
 def test_resume_without_a_checkpoint_is_an_error(client, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
