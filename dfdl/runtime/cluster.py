@@ -520,7 +520,8 @@ def open_client(address: str, security=None, timeout: float = 30.0):
         " Give the cluster's CA and a client certificate and key (dfdl train --tls-ca-file, "
         "--tls-cert, --tls-key, or dask's distributed.comm.tls config)."
         if tls
-        else " Check the address, and that the scheduler is running and reachable from here."
+        else " Check the address (tls://... for a scheduler that uses TLS, as dfdl.LocalCluster's "
+        "does), and that the scheduler is running and reachable from here."
     )
     try:
         return Client(address, security=security, timeout=timeout)

@@ -86,9 +86,11 @@ def test_client_without_the_credentials_is_refused(secured, how):
         security = Security.temporary()
     elif how == "plain tcp":
         address = address.replace("tls://", "tcp://")
-    with pytest.raises(ConfigError, match="cannot connect to the scheduler"):
+    with pytest.raises(ConfigError, match="cannot connect to the scheduler") as info:
         open_client(address, security, timeout=5)
     assert set(cluster.scheduler.clients) == before  # no client got in
+    if how == "plain tcp":  # the message says what the address lacks
+        assert "tls://... for a scheduler that uses TLS" in str(info.value)
 
 
 def _pem_files(security: Security, tmp_path) -> dict[str, str]:
