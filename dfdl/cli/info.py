@@ -71,7 +71,7 @@ def describe_model(model, title: str = "model", conversion_failure: str = "") ->
     """
     from collections import Counter
 
-    from dfdl.ir.bind import describe_unsupported, unsupported_ops
+    from dfdl.ir.bind import FOLD_LIMIT_BYTES, describe_unsupported, unsupported_ops
     from dfdl.ir.graph import Node
     from dfdl.ir.onnx_io import MAX_OPSET, MIN_OPSET, converted_from, exporter_folded
     from dfdl.ops import lookup
@@ -100,11 +100,12 @@ def describe_model(model, title: str = "model", conversion_failure: str = "") ->
     ops = Counter((n.domain if n.domain not in ONNX_DOMAINS else "", n.op_type) for n in g.node)
     lines.append(f"nodes: {len(g.node)}")
     width = max((len(_op_name(d, t)) for d, t in ops), default=0)
+    fold_cap = format_bytes(FOLD_LIMIT_BYTES)
     for (domain, op_type), count in sorted(ops.items()):
         op = lookup(op_type, domain)
         mark = "supported" if op is not None else "NOT SUPPORTED"
         if op is not None and op.fold_only:
-            mark = "supported (constant path, folded at plan time)"
+            mark = f"supported (constant path, folded at plan time up to {fold_cap})"
         lines.append(f"  {_op_name(domain, op_type):{width}s} {count:6d}  {mark}")
     folded = exporter_folded(model)
     if folded:
