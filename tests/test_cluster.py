@@ -217,3 +217,22 @@ def test_parse_slurm():
         parse_slurm("jobs=many,cores=2,memory=1GiB")
     with pytest.raises(ConfigError, match="needs memory"):
         parse_slurm("jobs=2,cores=2")
+
+
+def test_slurm_keeps_the_sigint_handler_dask_jobqueue_replaces():
+    """Importing dask-jobqueue installs a SIGINT handler that calls ``sys.exit()`` (a
+    Ctrl-C would exit with status 0); dfdl's SLURM support imports it without that."""
+    pytest.importorskip("dask_jobqueue")
+    check = (
+        "import signal; {}; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    )
+    outs = [
+        subprocess.run(
+            [sys.executable, "-c", check.format(how)], capture_output=True, text=True, timeout=120
+        ).stdout.strip()
+        for how in (
+            "import dask_jobqueue",
+            "from dfdl.runtime.slurm import _slurm_cluster_class; _slurm_cluster_class()",
+        )
+    ]
+    assert outs == ["False", "True"]

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 
 from dfdl.errors import ConfigError
@@ -64,6 +66,24 @@ def _worker_env(memory_limit: int, env: Mapping[str, str] | None) -> list[str]:
     # are lower-cased, which would break the MALLOC_* names)
     out = {"DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(settings), **(env or {})}
     return [f"export {k}={shlex.quote(str(v))}" for k, v in out.items()]
+
+
+def _slurm_cluster_class():
+    """``dask_jobqueue.SLURMCluster``, imported without the SIGINT handler that importing
+    dask-jobqueue installs (``sys.exit()``: a Ctrl-C would exit with status 0, not raise
+    KeyboardInterrupt)."""
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if on_main else None
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError:
+        raise ConfigError(
+            "dfdl.cluster.slurm needs dask-jobqueue: pip install 'dfdl[slurm]'"
+        ) from None
+    finally:
+        if on_main and previous is not None and signal.getsignal(signal.SIGINT) is not previous:
+            signal.signal(signal.SIGINT, previous)
+    return SLURMCluster
 
 
 def slurm(
@@ -120,12 +140,7 @@ def slurm(
     Example:
         >>> cluster = slurm(jobs=2, cores=8, memory="32GiB", queue="cpu")  # doctest: +SKIP
     """
-    try:
-        from dask_jobqueue import SLURMCluster
-    except ImportError:
-        raise ConfigError(
-            "dfdl.cluster.slurm needs dask-jobqueue: pip install 'dfdl[slurm]'"
-        ) from None
+    SLURMCluster = _slurm_cluster_class()
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 0:
         raise ConfigError(f"slurm: jobs must be a non-negative integer, not {jobs!r}")
     for name, value in (("cores", cores), ("processes", processes)):

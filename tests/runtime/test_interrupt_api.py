@@ -26,6 +26,16 @@ def _held(client) -> int:
     return client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
 
 
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test, whatever an earlier
+    import in this process installed."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("default_sigint")
 def test_interrupted_train_frees_its_tasks_and_tiles():
     assert threading.current_thread() is threading.main_thread()
     rng = np.random.default_rng(0)
