@@ -224,7 +224,8 @@ def test_slurm_keeps_the_sigint_handler_dask_jobqueue_replaces():
     Ctrl-C would exit with status 0); dfdl's SLURM support imports it without that."""
     pytest.importorskip("dask_jobqueue")
     check = (
-        "import signal; {}; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); {}; "
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
     )
     outs = [
         subprocess.run(
