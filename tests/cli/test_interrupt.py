@@ -29,11 +29,23 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+# A process started in the background (``cmd &`` in a script, as CI runners may) inherits
+# SIGINT ignored, and so would the command; a terminal's foreground command has it at its
+# default. The command is exec'd from a Python that sets that default first.
+_WITH_DEFAULT_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+]
+
+
 def test_ctrl_c_prints_one_line_and_leaves_nothing(work):
     # the work files' 8-16-3 MLP on 24 samples: 60000 steps, far more than the test waits
     out = work / "interrupted.onnx"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dfdl", "train", "mlp.onnx", "--data", "data.npz"]
+        _WITH_DEFAULT_SIGINT
+        + ["-m", "dfdl", "train", "mlp.onnx", "--data", "data.npz"]
         + ["--epochs", "20000", "--batch-size", "8", "-o", str(out)]
         + ["--checkpoint-dir", "ckpt", "--checkpoint-every", "3"],
         cwd=work,
