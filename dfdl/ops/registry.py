@@ -230,12 +230,38 @@ class OpDef:
     cost: Callable | None = None
 
     def kernel(self, device: str = "cpu") -> Callable:
-        """The tile function for ``device``: a :class:`Dispatch` to its kernel, or the
-        numpy forward where no kernel is registered for the device."""
+        """The tile function for ``device``: on the CPU a :class:`Dispatch` to its kernel,
+        or the numpy forward where no kernel is registered; on another device what that
+        device's package makes of the op (:func:`device_dispatch`)."""
+        if device != "cpu":
+            return _device_dispatch(device)(self)
         k = self.kernels.get(device)
         if k is None:
             return self.forward
         return Dispatch(self.forward, k.fn, k.accepts, self.params)
+
+
+#: device -> ``dispatch(op) -> tile function`` for devices other than the CPU
+_DEVICE_DISPATCH: dict[str, Callable[[OpDef], Callable]] = {}
+
+
+def device_dispatch(device: str, dispatch: Callable[[OpDef], Callable]) -> None:
+    """Register how ``device``'s package turns an op into its tile function (its kernel,
+    or a fallback where it has none): ``dfdl.ops.gpu`` registers ``"gpu"``."""
+    _DEVICE_DISPATCH[device] = dispatch
+
+
+def _device_dispatch(device: str) -> Callable[[OpDef], Callable]:
+    if device not in _DEVICE_DISPATCH:
+        import importlib
+
+        try:  # the device's package registers itself when imported (without its library)
+            importlib.import_module(f"dfdl.ops.{device}")
+        except ModuleNotFoundError:
+            pass
+    if device not in _DEVICE_DISPATCH:
+        raise ValueError(f"no kernels for device {device!r} (devices: cpu, gpu)")
+    return _DEVICE_DISPATCH[device]
 
 
 REGISTRY: dict[str, OpDef] = {}

@@ -84,7 +84,13 @@ def namespace(x: Any):
         >>> namespace(np.ones(2)) is np
         True
     """
-    if type(x) is np.ndarray or not hasattr(x, "__array_namespace__"):
+    if type(x) is np.ndarray:
+        return np
+    if type(x).__module__.split(".", 1)[0] == "cupy":  # cupy's own module, whatever
+        import cupy  # its ``__array_namespace__`` gives in this cupy release
+
+        return cupy
+    if not hasattr(x, "__array_namespace__"):
         return np
     return x.__array_namespace__()
 
@@ -117,8 +123,12 @@ def assemble(shape: tuple[int, ...], dtype, pieces, args) -> Any:
         array([1, 2, 3])
     """
     parts = [args[k] if pos is None else args[k][pos] for k, pos, _, _ in pieces]
-    out = empty(shape, parts[0], dtype)
+    devices = [p for p in parts if type(p) is not np.ndarray]
+    # on a device if any piece is (a host piece, from an op's CPU function, is copied there)
+    out = empty(shape, devices[0] if devices else parts[0], dtype)
     for part, (_, _, src, dst) in zip(parts, pieces):
+        if devices and type(part) is np.ndarray:
+            part = namespace(out).asarray(part)
         out[dst] = part[src]
     return out
 
@@ -262,7 +272,8 @@ def combine(how: str, *parts: Any) -> Any:
         fn = getattr(xp, _COMBINE_NAMES[how])
         acc = xp.asarray(parts[0], copy=True)
         for p in parts[1:]:
-            acc = fn(acc, p)
+            # a partial computed on the host (an op a GPU kernel did not take) joins the rest
+            acc = fn(acc, xp.asarray(p) if type(p) is np.ndarray else p)
         return acc
     if ufunc is not None:
         first = np.asarray(parts[0])

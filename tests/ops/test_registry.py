@@ -11,6 +11,7 @@ import pkgutil
 import numpy as np
 import pytest
 
+import dfdl.ops.gpu  # noqa: F401  (its kernels' accept rules are checked on the cases too)
 import tests.ops as cases_pkg
 from dfdl.ops import REGISTRY
 from dfdl.ops.registry import TensorType

@@ -1,0 +1,103 @@
+"""Device arrays on a GPU worker: moving values between host and device, and the GPU
+tile function of an op (its cupy kernel, or its CPU tile function on host copies).
+
+Example:
+    >>> import numpy as np
+    >>> to_host((np.ones(2), None))  # host values pass through
+    (array([1., 1.]), None)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+#: runs of an op's CPU tile function on a GPU worker (op key -> runs), in this process
+FALLBACKS: Counter = Counter()
+_LOCK = threading.Lock()
+
+
+def cupy():
+    """The ``cupy`` module (imported on first use: only GPU workers need it)."""
+    import cupy as cp
+
+    return cp
+
+
+def is_device_array(x: Any) -> bool:
+    """Whether ``x`` is a device (cupy) array, without importing cupy."""
+    return type(x).__module__.split(".", 1)[0] == "cupy"
+
+
+def to_device(x: Any) -> Any:
+    """``x`` as a device array (a device array as it is; None stays None)."""
+    if x is None or is_device_array(x):
+        return x
+    return cupy().asarray(x)
+
+
+def to_host(x: Any) -> Any:
+    """``x`` with every device array in it copied to the host as numpy (tuples and
+    their subclasses, such as a task's several outputs, keep their type)."""
+    if is_device_array(x):
+        return x.get()
+    if isinstance(x, tuple):
+        values = [to_host(v) for v in x]
+        return type(x)(values) if type(x) is not tuple else tuple(values)
+    return x
+
+
+def scalar(x: Any) -> float:
+    """A 0-d input (learning rate, flag) as a Python float (from the host if there)."""
+    if is_device_array(x):
+        return float(x.get())
+    return float(np.asarray(x))
+
+
+class GpuDispatch:
+    """The tile function of an op on a GPU worker: its GPU kernel where one is registered
+    and accepts the arrays (the kernel gets the node's attributes), else the op's CPU tile
+    function on host copies of the inputs (counted in :data:`FALLBACKS`), whose outputs
+    stay on the host until a GPU kernel reads them. Pickled by reference to its functions.
+
+    Example:
+        >>> d = GpuDispatch("Neg", np.negative, None, None)
+        >>> d(np.array([1.0]))  # no GPU kernel: the CPU function, on the host
+        array([-1.])
+    """
+
+    __slots__ = ("accepts", "host", "kernel", "name")
+
+    def __init__(self, name: str, host, kernel, accepts):
+        self.name = name
+        self.host = host
+        self.kernel = kernel
+        self.accepts = accepts
+
+    def __call__(self, *inputs, **attrs):
+        if self.kernel is not None and (self.accepts is None or self.accepts(*inputs, **attrs)):
+            return self.kernel(*inputs, **attrs)
+        with _LOCK:
+            FALLBACKS[self.name] += 1
+        return self.host(*(to_host(x) for x in inputs), **attrs)
+
+    def __reduce__(self):
+        return GpuDispatch, (self.name, self.host, self.kernel, self.accepts)
+
+    def __repr__(self) -> str:
+        k = getattr(self.kernel, "__name__", None) or "CPU on host"
+        return f"GpuDispatch({self.name}: {k})"
+
+
+def dispatch(op) -> GpuDispatch:
+    """The GPU tile function of ``op`` (a :class:`dfdl.ops.registry.OpDef`)."""
+    from dfdl.ops.registry import lookup
+
+    op = lookup(op.name, op.domain)  # registered anew since (the GPU kernels imported)
+    k = op.kernels.get("gpu")
+    name = op.name if not op.domain else f"{op.domain}.{op.name}"
+    host = op.kernel("cpu")
+    return GpuDispatch(name, host, None if k is None else k.fn, None if k is None else k.accepts)

@@ -1,0 +1,108 @@
+"""cupy kernels of the layout ops a transformer's step runs on its activations: Transpose,
+Slice and Gather with their gradients. Their results are new C-ordered arrays (not
+views), so a tile's layout, and with it every later kernel's rounding, is the same in
+every run.
+
+Example:
+    >>> from dfdl.ops import REGISTRY
+    >>> REGISTRY["Transpose"].kernel("gpu").kernel.__name__
+    'transpose'
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dfdl.ops.gpu.device import cupy, to_device
+from dfdl.ops.gpu.kernels import floats
+from dfdl.ops.registry import DFDL_DOMAIN, kernel
+
+#: GatherGrad's one-hot matrix (rows x table rows) is built up to this many bytes; a
+#: larger one runs on the host (a scatter-add with atomics would not repeat bit for bit)
+ONE_HOT_BYTES = 256 * 2**20
+
+
+def _any(*xs, **attrs) -> bool:
+    return getattr(xs[0], "dtype", None) is not None
+
+
+@kernel("Transpose", "gpu", accepts=_any)
+def transpose(data, *, perm=None):
+    """The axes permuted, as a new C-ordered array."""
+    from dfdl.ops.layout import _perm
+
+    x = to_device(data)
+    return cupy().ascontiguousarray(x.transpose(_perm(perm, x.ndim)))
+
+
+@kernel("Slice", "gpu", accepts=_any)
+def slice_(data, starts, ends, axes=None, steps=None):
+    """``data[starts:ends:steps]`` on ``axes``, as a new array."""
+    from dfdl.ops.layout import slice_params
+
+    x = to_device(data)
+    return cupy().ascontiguousarray(x[tuple(slice_params(x.shape, starts, ends, axes, steps))])
+
+
+@kernel("SliceGrad", "gpu", accepts=_any, domain=DFDL_DOMAIN)
+def slice_grad(dY, starts, ends, axes=None, steps=None, *, shape):
+    """``dY`` written at the sliced positions of zeros of ``shape``."""
+    from dfdl.ops.layout import _ints, slice_params
+
+    dy = to_device(dY)
+    full = tuple(_ints(shape))
+    out = cupy().zeros(full, dtype=dy.dtype)
+    out[tuple(slice_params(full, starts, ends, axes, steps))] = dy
+    return out
+
+
+def _host_indices(data, indices, **attrs) -> bool:
+    return isinstance(indices, np.ndarray) and indices.dtype.kind in "iu"
+
+
+def _checked(indices: np.ndarray, n: int, op: str) -> np.ndarray:
+    """Host indices range-checked (as the CPU's) and made non-negative."""
+    idx = indices.astype(np.int64, copy=False)
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"{op}: index out of range [-{n}, {n}) on the gathered axis")
+    return np.where(idx < 0, idx + n, idx)
+
+
+@kernel("Gather", "gpu", accepts=_host_indices)
+def gather(data, indices, *, axis=0):
+    """Entries of ``data`` along ``axis`` at ``indices`` (host indices, checked there)."""
+    from dfdl.ops.layout import _axis
+
+    x = to_device(data)
+    ax = _axis(axis, x.ndim, "Gather")
+    idx = to_device(_checked(indices, x.shape[ax], "Gather"))
+    return cupy().take(x, idx, axis=ax)
+
+
+def _gather_grad_accepts(dY, indices, *, axis=0, data_shape, **attrs) -> bool:
+    from dfdl.ops.layout import _ints
+
+    shape = tuple(_ints(data_shape))
+    rows = int(np.prod(shape[:1])) if shape else 1
+    return (
+        floats(dY)
+        and _host_indices(None, indices)
+        and axis in (0, -len(shape))
+        and indices.size * rows * dY.dtype.itemsize <= ONE_HOT_BYTES
+    )
+
+
+@kernel("GatherGrad", "gpu", accepts=_gather_grad_accepts, domain=DFDL_DOMAIN)
+def gather_grad(dY, indices, *, axis=0, data_shape):
+    """``dY`` summed into zeros of ``data_shape`` at ``indices`` along axis 0, as a
+    one-hot GEMM (cuBLAS sums in a fixed order: repeated indices add up the same way in
+    every run)."""
+    from dfdl.ops.layout import _ints
+
+    cp = cupy()
+    shape = tuple(_ints(data_shape))
+    dy = to_device(dY)
+    idx = to_device(_checked(indices, shape[0], "GatherGrad").reshape(-1))
+    one_hot = (idx[:, None] == cp.arange(shape[0])[None, :]).astype(dy.dtype)
+    rows = dy.reshape(idx.size, -1)
+    return cp.matmul(one_hot.T, rows).reshape(shape)
