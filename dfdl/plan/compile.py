@@ -62,6 +62,8 @@ class Workers:
         memory_limit: the smallest worker memory limit in bytes (None: no limit).
         thresholds: the workers' Dask memory thresholds as dask config
             (``{"distributed.worker.memory.spill": 0.7, ...}``); planning reads them.
+        device: where the tile kernels run: ``"cpu"``, or ``"gpu"`` on GPU workers
+            (:func:`dfdl.runtime.cluster.workers_device`).
     """
 
     cores: int = 1
@@ -69,6 +71,7 @@ class Workers:
     threads: int = 1
     memory_limit: int | None = None
     thresholds: Mapping[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
 
 
 @dataclass

@@ -35,6 +35,7 @@ import functools
 import gc
 import logging
 import os
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -150,7 +151,7 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def local_cluster(n_workers: int | None = None, **kwargs):
+def local_cluster(n_workers: int | None = None, *, gpus: int = 0, **kwargs):
     """Start a ``distributed.LocalCluster`` with dfdl's settings (``dfdl.LocalCluster``).
 
     The embedded cluster of :func:`dfdl.train` is ``local_cluster()``. Every worker has
@@ -163,6 +164,10 @@ def local_cluster(n_workers: int | None = None, **kwargs):
         n_workers: worker processes. Default: one process with a thread per core. With
             ``n_workers`` given, each process has one thread unless
             ``threads_per_worker`` says otherwise.
+        gpus: GPU workers: one worker process per GPU (the first ``gpus`` of this
+            machine's, or of ``CUDA_VISIBLE_DEVICES``), each seeing only its own GPU,
+            with the resource ``GPU=1`` and two threads; dfdl then runs the tile
+            kernels on the GPUs (:mod:`dfdl.ops.gpu`, cupy).
         **kwargs: passed to ``distributed.LocalCluster``: ``memory_limit`` (bytes, or
             a string like ``"2GiB"``, per worker process), ``local_directory`` (where
             workers spill), ``threads_per_worker``, ``dashboard_address`` (default
@@ -180,6 +185,8 @@ def local_cluster(n_workers: int | None = None, **kwargs):
         ...                             local_directory="/scratch/me")
         >>> client = Client(cluster)  # doctest: +SKIP
     """
+    if gpus:
+        n_workers = _gpu_workers(gpus, n_workers, kwargs)
     if n_workers is None:
         n_workers = 1
         kwargs.setdefault("threads_per_worker", default_workers())
@@ -204,6 +211,51 @@ def local_cluster(n_workers: int | None = None, **kwargs):
         cluster.close()
         raise
     return cluster
+
+
+def visible_gpus() -> list[str]:
+    """The NVIDIA GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` where set, else
+    those ``nvidia-smi -L`` lists (none without a driver).
+
+    Example:
+        >>> visible_gpus()  # doctest: +SKIP
+        ['0', '1']
+    """
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [d.strip() for d in given.split(",") if d.strip() and not d.strip().startswith("-")]
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listed.splitlines()) if line.startswith("GPU ")]
+
+
+def _gpu_workers(gpus, n_workers, kwargs: dict) -> int:
+    """The options of a GPU cluster (:func:`local_cluster`'s ``gpus``), set in
+    ``kwargs``; its number of workers."""
+    from dfdl.runtime.worker_setup import GPU_LIST_ENV
+
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+        raise ConfigError(f"LocalCluster: gpus must be a non-negative integer, not {gpus!r}")
+    if n_workers is not None and n_workers != gpus:
+        raise ConfigError(
+            f"LocalCluster: n_workers={n_workers} with gpus={gpus}: a GPU cluster has one "
+            "worker per GPU; leave n_workers out"
+        )
+    devices = visible_gpus()
+    if len(devices) < gpus:
+        raise ConfigError(
+            f"LocalCluster: gpus={gpus}, but this machine has {len(devices)} NVIDIA GPU(s) "
+            "visible (nvidia-smi -L, CUDA_VISIBLE_DEVICES); ask for at most that many, or "
+            "leave gpus out to train on the CPUs"
+        )
+    kwargs.setdefault("threads_per_worker", 2)
+    kwargs["resources"] = {**(kwargs.get("resources") or {}), "GPU": 1}
+    kwargs["env"] = {**(kwargs.get("env") or {}), GPU_LIST_ENV: ",".join(devices[:gpus])}
+    return gpus
 
 
 def _security(kwargs: dict) -> Security | None:
@@ -331,6 +383,54 @@ def parse_memory(value, name: str = "memory_limit") -> int | None:
             f"{name} must be a positive byte count like 2**30 or '1GiB', not {value!r}"
         )
     return n
+
+
+def workers_device(client) -> str:
+    """Where the client's workers run tile kernels: ``"gpu"`` when every worker declares
+    a ``GPU`` resource (``dfdl.LocalCluster(gpus=N)``, ``dfdl.cluster.slurm(gpus=N)``),
+    ``"cpu"`` when none does.
+
+    Raises:
+        ConfigError: some workers have a GPU and others not (a hybrid cluster's tasks
+            are not yet placed by resource: train on a cluster of one kind).
+
+    Example:
+        >>> workers_device(Client(dfdl.LocalCluster()))  # doctest: +SKIP
+        'cpu'
+    """
+    workers = client.scheduler_info()["workers"]
+    gpu = sorted(a for a, w in workers.items() if (w.get("resources") or {}).get("GPU", 0) > 0)
+    if not gpu:
+        return "cpu"
+    if len(gpu) < len(workers):
+        cpu = sorted(set(workers) - set(gpu))
+        raise ConfigError(
+            f"the cluster mixes {len(gpu)} GPU worker(s) ({', '.join(gpu[:3])}) and "
+            f"{len(cpu)} without a GPU ({', '.join(cpu[:3])}); dfdl does not yet place a "
+            "training's tasks by resource: train on a cluster whose workers all have a GPU "
+            "(resources={'GPU': 1}) or none"
+        )
+    problems = {a: p for a, p in client.run(_gpu_problem).items() if p}
+    if problems:
+        addr, problem = sorted(problems.items())[0]
+        raise ConfigError(
+            f"{len(problems)} of the {len(workers)} workers declare a GPU but cannot run "
+            f"GPU kernels (worker {addr}: {problem}); install the gpu extra on the GPU "
+            "nodes (pip install 'dfdl[gpu]', cupy for the node's CUDA) or start the "
+            "workers without the GPU resource"
+        )
+    return "gpu"
+
+
+def _gpu_problem() -> str | None:
+    """On a worker: why it cannot run cupy kernels, or None when it can."""
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - any failure is the answer
+        return f"{type(e).__name__}: {e}"
+    return None if count > 0 else "CUDA sees no GPU"
 
 
 def worker_memory_limit(client) -> int | None:

@@ -50,6 +50,7 @@ from dfdl.runtime.cluster import (
     total_threads,
     worker_memory_config,
     worker_memory_limit,
+    workers_device,
 )
 from dfdl.runtime.gc_freeze import frozen_heaps
 from dfdl.runtime.monitor import Reporter
@@ -407,13 +408,19 @@ class TrainingSession:
         if client is not None:
             # before the thresholds are read: the plan is made for the workers as set up
             worker_setup.install(client)
+        device = workers_device(client) if client is not None else "cpu"
+        cores = total_threads(client) if client is not None else default_workers()
+        if device == "gpu":  # a GPU runs a tile's kernels one after another on one stream:
+            # tiles for more threads would only mean more launches and partial sums
+            cores = len(client.scheduler_info()["workers"])
         workers = Workers(
-            cores=total_threads(client) if client is not None else default_workers(),
+            cores=cores,
             memory_limit=(
                 worker_memory_limit(client) if client is not None else embedded_memory_limit()
             ),
             # tiles fit between the workers' own pause line and the headroom (plan.estimate)
             thresholds=worker_memory_config(client),
+            device=device,
         )
         first = self.check(workers)
         tg = first.tg
@@ -526,6 +533,13 @@ class _Run:
         self.rollbacks = 0
         cfg = session.config
         self.first = session.chosen_plan(min(cfg.batch_size, len(session.X)), workers, client)
+        self.graph_options = cfg.engine.graph
+        if workers.device == "gpu":  # steps of milliseconds: one task per submitted group
+            self.graph_options = replace(
+                self.graph_options, steps_per_task=cfg.unroll, programs=True
+            )
+        #: compiled step groups by shape (dfdl.taskgraph.program), kept across attempts
+        self.programs = {} if self.graph_options.programs else None
         self.tg = self.first.tg
         self.per_epoch = steps_per_epoch(len(session.X), cfg.batch_size, cfg.drop_last)
 
@@ -622,7 +636,9 @@ class _Run:
                 seed=cfg.seed,
                 token=token,
                 timings=timings,
-                options=cfg.engine.graph,
+                options=self.graph_options,
+                device=self.workers.device,
+                programs=self.programs,
             )
             self.collector.add(losses)
             t_wait = time.perf_counter()

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,12 +34,15 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from dfdl.data.sources import FileRows, read_rows
 from dfdl.errors import TrainingError
+from dfdl.ops.gpu.device import to_host
 from dfdl.plan.compile import StepPlan
 from dfdl.plan.tiling import Plan
 from dfdl.runtime import submit
 from dfdl.runtime.cluster import byte_batches, gather_budget, transfer_budget
+from dfdl.taskgraph import program
 from dfdl.taskgraph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.taskgraph.optimize import GraphOptions, optimize
+from dfdl.taskgraph.step_tasks import STEP_NAME
 from dfdl.taskgraph.tile_exec import assemble_task
 
 #: batch tiles above this size are scattered rather than embedded in the graph
@@ -56,6 +60,8 @@ class ClusterState:
     refs: dict[str, dict[tuple[int, ...], Any]]
     chunks: dict[str, tuple]
     keep: list = field(default_factory=list)
+    #: the workers' device: values on a GPU worker are copied to the host to be gathered
+    device: str = "cpu"
 
     @classmethod
     def scatter(cls, client, values: Mapping[str, np.ndarray], chunks: Mapping[str, tuple]):
@@ -104,7 +110,10 @@ class ClusterState:
         out = {}
         for part in byte_batches(sizes, budget, owners):
             batch = [flat[i] for i in part]
-            got = client.gather([futures[i] for i in part])
+            wanted = [futures[i] for i in part]
+            if self.device != "cpu":
+                wanted = client.map(to_host, wanted, key=[f"to-host-{f.key}" for f in wanted])
+            got = client.gather(wanted)
             for (name, idx, r), v in zip(batch, got):
                 if name not in out:
                     out[name] = np.empty(types[name].shape, dtype=types[name].dtype)
@@ -165,8 +174,14 @@ def run_steps(
     token: str,
     timings: dict[str, float] | None = None,
     options: GraphOptions = GraphOptions(),
+    device: str = "cpu",
+    programs: dict | None = None,
 ) -> tuple[ClusterState, list[tuple[int, Any]]]:
     """Submit ``steps`` as one graph; returns the new state and (step, loss future) pairs.
+    ``device``: the workers' (their tile kernels'); on a GPU each loss is copied to the
+    host on its worker, so the client receives numpy values. ``programs``: a cache of
+    compiled step groups (:mod:`dfdl.taskgraph.program`) kept across calls; with it a
+    group of the shape of an earlier one runs that group's program on its own inputs.
 
     The graph is lowered step by step and grouped by the task-graph optimizer
     (:func:`dfdl.taskgraph.optimize.optimize` with ``options``). ``timings`` (if given)
@@ -174,6 +189,14 @@ def run_steps(
     scheduler (``submit_s``) on the client.
     """
     t0 = time.perf_counter()
+    if programs is not None:
+        done = _run_program(
+            client, plans, steps, state, constants, seed, token, options, device, programs
+        )
+        if done is not None:
+            if timings is not None:
+                timings["graph_s"] = timings.get("graph_s", 0.0) + time.perf_counter() - t0
+            return done
     dsk: dict = {}
     keep: list = []
     refs = dict(state.refs)
@@ -204,7 +227,9 @@ def run_steps(
             sources[name] = constants.tiles(
                 name, plan.graph.initializers[name], plan.chunks[name], dsk
             )
-        tasks, outs = lower(plan, sources, step=s.step, attrs=tg.seeds(seed, s.step), token=token)
+        tasks, outs = lower(
+            plan, sources, step=s.step, attrs=tg.seeds(seed, s.step), token=token, device=device
+        )
         dsk.update(tasks)
         for name in tg.carried():
             new = tg.new[name]
@@ -214,6 +239,10 @@ def run_steps(
             }
             chunks[name] = plan.chunks[new]
         ((_, (lkey, lpos)),) = outs[tg.loss].items()
+        if device != "cpu":
+            host = (task_name("loss-to-host", token), s.step)
+            dsk[host] = Task(host, to_host, TaskRef(lkey))
+            lkey = host
         loss_keys.append((s.step, (lkey, lpos)))
     wanted = sorted(
         {_key(r) for tiles in refs.values() for r in tiles.values()}
@@ -239,7 +268,143 @@ def run_steps(
         for name, tiles in refs.items()
     }
     losses = [(step, (futures[k], pos)) for step, (k, pos) in loss_keys]
-    return ClusterState(new_refs, chunks, keep), losses
+    return ClusterState(new_refs, chunks, keep, device), losses
+
+
+def _pick(value: Any, pos: int | None, host: bool) -> Any:
+    """``value`` (output ``pos`` of it), copied to the host when ``host``."""
+    value = value if pos is None else value[pos]
+    return to_host(value) if host else value
+
+
+def _run_program(client, plans, steps, state, constants, seed, token, options, device, programs):
+    """:func:`run_steps` for a group of steps as one task running a compiled step program
+    (compiled on the first group of its shape); None where the group cannot run so."""
+    if any(isinstance(v, FileRows) for s in steps for v in s.arrays.values()):
+        return None
+    sps = [plans(len(next(iter(s.arrays.values())))) for s in steps]
+    shape = (
+        tuple(map(id, sps)),
+        tuple(tuple(sorted(s.scalars)) for s in steps),
+        tuple(sorted((n, state.chunks[n]) for n in state.refs)),
+    )
+    if shape not in programs:
+        programs[shape] = _compile_program(client, sps, steps, state, constants, options, device)
+    if programs[shape] is None:
+        return None
+    compiled, ptok, out_chunks = programs[shape]
+    inputs: dict = {}
+    for j, (s, sp) in enumerate(zip(steps, sps)):
+        for name, value in s.arrays.items():
+            for idx, tile in split_tiles(value, sp.plan.chunks[name]).items():
+                inputs[program.placeholder(ptok, "batch", name, j, *idx)] = tile
+        for name, value in s.scalars.items():
+            inputs[program.placeholder(ptok, "scalar", name, j)] = np.asarray(value, np.float32)
+        for node, attrs in sp.tg.seeds(seed, s.step).items():
+            inputs[program.placeholder(ptok, "seed", node, j)] = attrs["seed"]
+    for name, tiles in state.refs.items():
+        for idx, r in tiles.items():
+            ph = program.placeholder(ptok, "carried", name, *idx)
+            inputs[ph] = (r.ref, r.pos) if isinstance(r, Picked) else r
+    key = (task_name(STEP_NAME, token), steps[0].step)
+    dsk, export = program.instantiate(compiled, key, inputs)
+    loss_keys = []
+    for j, s in enumerate(steps):
+        lk = (task_name("loss", token), s.step)
+        pos = export(program.placeholder(ptok, "loss", j))
+        dsk[lk] = Task(lk, operator.getitem, TaskRef(key), pos)
+        loss_keys.append(lk)
+    futures = dict(zip([key, *loss_keys], submit.get(client, dsk, [key, *loss_keys], sync=False)))
+    last = len(steps) - 1
+    refs = {
+        name: {
+            idx: Picked(futures[key], export(program.placeholder(ptok, "out", last, name, *idx)))
+            for idx in tile_regions(ch)
+        }
+        for name, ch in out_chunks.items()
+    }
+    chunks = dict(out_chunks)
+    losses = [(s.step, (futures[lk], None)) for s, lk in zip(steps, loss_keys)]
+    return ClusterState(refs, chunks, list(futures.values()), device), losses
+
+
+def _compile_program(client, sps, steps, state, constants, options, device):
+    """The step program of a group shaped as ``steps``: its graph built from
+    placeholders, optimized into one task; with the placeholder token and the chunks
+    of the carried tensors at the group's end. None where it is not one task."""
+    ptok = new_token()
+    dsk: dict = {}
+    fixed: dict = {}
+    refs = {
+        name: {
+            idx: TaskRef(program.placeholder(ptok, "carried", name, *idx))
+            for idx in tile_regions(state.chunks[name])
+        }
+        for name in state.refs
+    }
+    chunks = dict(state.chunks)
+    wanted: list = []
+    step_values: list = []
+    for j, (s, sp) in enumerate(zip(steps, sps)):
+        tg, plan = sp.tg, sp.plan
+        sources: dict = {}
+        for name in s.arrays:
+            sources[name] = {
+                idx: TaskRef(program.placeholder(ptok, "batch", name, j, *idx))
+                for idx in tile_regions(plan.chunks[name])
+            }
+        for name in s.scalars:
+            if name in plan.chunks:
+                sources[name] = {(): TaskRef(program.placeholder(ptok, "scalar", name, j))}
+        for name in tg.carried():
+            sources[name] = _rechunked(
+                refs[name], chunks[name], plan.chunks[name], task_name(f"{name}-rechunk", ptok),
+                dsk, j,
+            )  # fmt: skip
+        for name in _read_constants(plan):
+            sources[name] = constants.tiles(
+                name, plan.graph.initializers[name], plan.chunks[name], dsk
+            )
+            fixed.update((r.key, r) for r in sources[name].values() if not isinstance(r, TaskRef))
+        seeds = {}
+        for node in tg.seeds(0, 0):
+            ph = program.placeholder(ptok, "seed", node, j)
+            seeds[node] = {"seed": program.StepValue(ph)}
+            step_values.append(ph)
+        tasks, outs = lower(plan, sources, step=j, attrs=seeds, token=ptok, device=device)
+        dsk.update(tasks)
+        for name in tg.carried():
+            refs[name] = {
+                idx: TaskRef(k) if pos is None else Picked(TaskRef(k), pos)
+                for idx, (k, pos) in outs[tg.new[name]].items()
+            }
+            chunks[name] = plan.chunks[tg.new[name]]
+        ((_, (lkey, lpos)),) = outs[tg.loss].items()
+        ph = program.placeholder(ptok, "loss", j)
+        dsk[ph] = Task(ph, _pick, TaskRef(lkey), lpos, device != "cpu")
+        wanted.append(ph)
+    last = len(steps) - 1
+    for name, tiles in refs.items():
+        for idx, r in tiles.items():
+            ph = program.placeholder(ptok, "out", last, name, *idx)
+            ref, pos = (r.ref, r.pos) if isinstance(r, Picked) else (r, None)
+            dsk[ph] = Task(ph, _pick, ref, pos, False)
+            wanted.append(ph)
+
+    def optimized(graph, keep):
+        return optimize(
+            graph,
+            keep,
+            sps,
+            token=ptok,
+            nthreads=lambda: list(client.nthreads().values()),
+            options=program.with_step_values(options, len(steps)),
+        )
+
+    compiled = program.compile_group(dsk, wanted, optimized, tuple(step_values), fixed)
+    if compiled is None:
+        return None
+    return compiled, ptok, {name: chunks[name] for name in refs}
 
 
 class Constants:

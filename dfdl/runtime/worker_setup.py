@@ -20,6 +20,8 @@ restarts. :func:`dfdl.LocalCluster`, the embedded cluster and
 - leaves Dask's "Pausing worker" / "Resuming worker" warnings out of the log when the
   worker pauses at its spill line (:func:`dfdl.runtime.cluster.pause_at_spill`), where
   pausing is routine; a worker that stays paused is still reported by the trainer;
+- on a GPU cluster (``dfdl.LocalCluster(gpus=N)``), makes worker ``i`` see only the
+  ``i``-th of the cluster's GPUs (:func:`pin_gpu`);
 - leaves Ctrl-C to the worker's nanny (:func:`leave_interrupts_to_nanny`): a terminal's
   Ctrl-C reaches every process of its group, and a worker that dies of it mid-task
   prints a traceback while its nanny (or the embedded cluster's process) closes it.
@@ -43,6 +45,7 @@ Measurements: ``docs/design/task-nice.md``, ``task-counter.md``, ``worker-memory
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -137,6 +140,30 @@ def pause_at_spill(worker) -> bool:
     return True
 
 
+#: the GPUs of a ``dfdl.LocalCluster(gpus=N)``, comma-separated, in its workers' environment
+GPU_LIST_ENV = "DFDL_WORKER_GPUS"
+
+
+def pin_gpu(worker) -> str | None:
+    """Give worker ``i`` of a GPU cluster the ``i``-th GPU of :data:`GPU_LIST_ENV` (as
+    its ``CUDA_VISIBLE_DEVICES``, before anything in the process starts CUDA); the GPU
+    given, or None outside a GPU cluster.
+
+    Example:
+        >>> pin_gpu(worker)  # doctest: +SKIP
+        '1'
+    """
+    devices = [d for d in os.environ.get(GPU_LIST_ENV, "").split(",") if d]
+    if not devices:
+        return None
+    try:
+        index = int(worker.name)
+    except (TypeError, ValueError):
+        index = 0
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices[index % len(devices)]
+    return os.environ["CUDA_VISIBLE_DEVICES"]
+
+
 async def dask_setup(worker) -> None:
     """Preload hook: sets up a dfdl worker (see the module docstring); a worker already
     set up (:data:`MARKER`) is left as it is.
@@ -150,6 +177,7 @@ async def dask_setup(worker) -> None:
     if getattr(worker, MARKER, False):
         return
     setattr(worker, MARKER, True)
+    pin_gpu(worker)
     quiet_routine_pauses(worker)
     leave_interrupts_to_nanny(worker)
     tile_exec.TASK_NICE = int(dask.config.get("dfdl.worker.task-nice", TASK_NICE))

@@ -37,6 +37,7 @@ from dask.task_spec import Task, TaskRef
 
 from dfdl.ops import lookup
 from dfdl.plan.tiling import REDUCE_FAN_IN, Chunks, NodePlan, Plan, present_outputs
+from dfdl.taskgraph.program import ResolveStep, StepValue
 from dfdl.taskgraph.tile_exec import combine, ready, run_tile
 
 Region = tuple[slice, ...]
@@ -224,7 +225,9 @@ class _Builder:
                     tuple(r.stop - r.start for r in out_regions[outs.index(o)]) if o else None
                     for o in node.outputs
                 )
-                meta = (fn, attrs, tuple(specs), shapes, label)
+                # a step program's per-run attribute (a Dropout's seed) is read as it runs
+                late = any(isinstance(v, StepValue) for v in attrs.values())
+                meta = (ResolveStep(fn) if late else fn, attrs, tuple(specs), shapes, label)
                 if len(combos) == 1:
                     key = (name, self.step, *tile_idx)
                 else:
@@ -335,7 +338,11 @@ def lower(
 
 
 def split_tiles(array: np.ndarray, chunks: Chunks) -> dict[tuple[int, ...], np.ndarray]:
-    """Cut an array into tiles (copies, so a tile pickles without its parent)."""
-    return {
-        idx: np.array(array[r], order="C", copy=True) for idx, r in tile_regions(chunks).items()
-    }
+    """Cut an array into tiles (copies, so a tile pickles without its parent; an array
+    that is its own only tile and owns its C-ordered memory is that tile as it is)."""
+    regions = tile_regions(chunks)
+    if len(regions) == 1 and array.base is None and array.flags.c_contiguous:
+        ((idx, r),) = regions.items()
+        if all(s.start == 0 and s.stop == n for s, n in zip(r, array.shape)):
+            return {idx: array}
+    return {idx: np.array(array[r], order="C", copy=True) for idx, r in regions.items()}

@@ -57,6 +57,12 @@ class GraphOptions:
         gangs: on one worker process, gangs and chains where a step cannot be one task.
         inline_data: data nodes run inside the tasks that read them.
         pack: large task bodies are pickled once when the graph is built.
+        steps_per_task: with step tasks, the consecutive steps (``s // steps_per_task``
+            alike) that run as one task: on a GPU worker, whose steps take milliseconds,
+            a step task per step would wait for a scheduler round trip between steps.
+        programs: a submitted group of steps is compiled once per shape into one task
+            and later groups of that shape reuse it (:mod:`dfdl.taskgraph.program`):
+            on a GPU worker building each step's graph would set the pace.
     """
 
     fuse: bool = True
@@ -65,6 +71,8 @@ class GraphOptions:
     gangs: bool = True
     inline_data: bool = True
     pack: bool = True
+    steps_per_task: int = 1
+    programs: bool = False
 
 
 def optimize(
@@ -111,7 +119,10 @@ def optimize(
             grouped = step_tasks.group_steps(
                 dsk,
                 keep=keep,
-                name=lambda s: (task_name(step_tasks.STEP_NAME, token), s),
+                name=lambda s: (
+                    task_name(step_tasks.STEP_NAME, token),
+                    s - s % max(1, options.steps_per_task),
+                ),
                 weight=_task_memory(plans, token),
                 budget=_step_budget(plans),
             )

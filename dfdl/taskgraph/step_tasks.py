@@ -51,6 +51,10 @@ from dfdl.taskgraph.tile_exec import Outputs
 
 #: the name of the trainer's step tasks (with its token: ``key_split`` shows this)
 STEP_NAME = "train-step"
+#: on a thread running a step task's members: ``values``, the task's values by key (its
+#: inputs and its members' results), where step programs' per-run attributes are read
+#: (:class:`dfdl.taskgraph.program.ResolveStep`)
+STEP_VALUES = threading.local()
 
 
 def group_steps(
@@ -66,8 +70,10 @@ def group_steps(
         dsk: a Dask graph of ``dask.task_spec`` nodes with keys ``(name, step, ...)``.
         keep: requested keys; each stays a key of the graph, taken from its step's task.
         name: the key of step ``s``'s task (the trainer's is ``("train-step-<token>",
-            s)``, shown as ``train-step`` in the dashboard); None: the step's first
-            member in ``str`` order that is not requested.
+            s)``, shown as ``train-step`` in the dashboard); steps given the same key run
+            as one task (a GPU worker's steps, :class:`dfdl.taskgraph.optimize.GraphOptions`
+            ``steps_per_task``). None: the step's first member in ``str`` order that is
+            not requested.
         weight: bytes a task uses; with ``budget``, the most bytes a step's tasks may
             use together (a step over it is left as it is).
         budget: see ``weight``; None: no limit.
@@ -105,8 +111,10 @@ def group_steps(
     out: dict = {}
     subs: dict = {}  # reader outside a step -> {member: its value from the step's task}
     groups: dict = {}  # step task's key -> (members by priority, exported members)
+    tasks_of: dict = {}  # a task's key -> the members of every step it runs
     for ms in steps.values():
-        g = slot[ms[0]]
+        tasks_of.setdefault(slot[ms[0]], []).extend(ms)
+    for g, ms in tasks_of.items():
         height = heights(readers, level, ms)
         members = sorted(ms, key=lambda m: (-height[m], str(m)))
         exports = [m for m in members if m in keep or any(slot.get(r) != g for r in readers[m])]
@@ -190,6 +198,7 @@ def run_local(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values
     cond = threading.Condition()
 
     def work() -> None:
+        STEP_VALUES.values = cache
         while True:
             with cond:
                 while not ready and state["todo"] and state["error"] is None:

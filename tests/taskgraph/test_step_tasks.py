@@ -62,6 +62,16 @@ def test_each_step_runs_as_one_task_with_the_same_values():
     assert ("a", 0, 0) in out[("a", 1, 0)].dependencies
 
 
+def test_steps_given_one_name_run_as_one_task_with_the_same_values():
+    # a GPU worker's steps (GraphOptions.steps_per_task): the carried weight between the
+    # two steps stays inside the task, the losses and the last weight leave it
+    dsk = _two_steps()
+    out = group_steps(dsk, keep=KEEP, name=lambda s: ("steps", 0))
+    assert _steps(out) == [("steps", 0)]
+    assert ("w", 1) not in out and set(KEEP) <= set(out)
+    assert get_sync(out, KEEP) == get_sync(dsk, KEEP)
+
+
 def test_step_tasks_take_the_given_names_and_respect_the_byte_budget():
     dsk = _two_steps()
     out = group_steps(dsk, keep=KEEP, name=lambda s: ("train-step-0123abcd", s))
