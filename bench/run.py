@@ -85,6 +85,7 @@ about 8x (batch or volume).
 Usage:
     python bench/run.py [--workload mlp resnet unet3d transformer] [--steps N] [--warmup W]
         [--rounds R] [--full] [--json out.json] [--scheduler ADDRESS] [--no-start]
+    python bench/run.py --device gpu [bench/gpu.py's arguments]   # dfdl on a GPU worker
 """
 
 from __future__ import annotations
@@ -468,16 +469,23 @@ def _dfdl_optimizer(kind: str, okw: dict):
     return {"sgd": dfdl.optim.SGD, "adam": dfdl.optim.Adam, "adamw": dfdl.optim.AdamW}[kind](**okw)
 
 
-def _torch_stepper(name: str, kw: dict, model, kind: str, okw: dict, x, y, batch: int):
+def _torch_stepper(
+    name: str, kw: dict, model, kind: str, okw: dict, x, y, batch: int, device: str = "cpu"
+):
+    """One training step of the torch twin per call, on ``device`` (``"cuda"``: fp32 with
+    TF32 off, synchronized before it returns)."""
     import torch
     import torch.nn.functional as F
 
     from dfdl.models.torch_twins import load_onnx_weights, twin
 
-    module = load_onnx_weights(twin(name, **kw), model).train()
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    module = load_onnx_weights(twin(name, **kw), model).to(device).train()
     opt_cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
     opt = opt_cls[kind](module.parameters(), **okw)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
     n_batches = len(x) // batch
     state = {"i": 0}
 
@@ -489,6 +497,8 @@ def _torch_stepper(name: str, kw: dict, model, kind: str, okw: dict, x, y, batch
         loss = F.cross_entropy(module(xt[sl]), yt[sl])
         loss.backward()
         opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
         return float(loss.detach())
 
     return step
@@ -510,6 +520,20 @@ def step_chain(client, model, x, y, batch: int, kind: str, okw: dict) -> tuple[i
     counts = dask_floor.tasks_per_step(deps)
     middle = sorted(chains)[len(chains) // 2]
     return counts[middle], chains[middle]
+
+
+def workload_record(name: str, cfg, steps: int, warmup: int, rounds: int) -> dict:
+    """The fields that say what was measured: workload, model, batch, optimizer, steps."""
+    kw, batch, kind, okw, _ = cfg
+    return {
+        "workload": name,
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()},
+        "batch": batch,
+        "optimizer": {"kind": kind, **okw},
+        "steps": steps,
+        "warmup": warmup,
+        "rounds": rounds,
+    }
 
 
 def bench_workload(
@@ -587,13 +611,7 @@ def bench_workload(
         msg = f"  {name}: dfdl {dfdl_steps[-1]:.3f} s/step, torch {t_med:.3f} s/step"
         print(msg, file=sys.stderr, flush=True)
     rec = {
-        "workload": name,
-        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()},
-        "batch": batch,
-        "optimizer": {"kind": kind, **okw},
-        "steps": steps,
-        "warmup": warmup,
-        "rounds": rounds,
+        **workload_record(name, cfg, steps, warmup, rounds),
         "forward_gflop_per_step": fwd / 1e9,
         "train_gflop_per_step": step_flops / 1e9,
         "backends": {},
@@ -680,7 +698,16 @@ def _start(rec: dict, which: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    """Parses arguments, runs the benchmark, prints the table and writes JSON."""
+    """Parses arguments, runs the benchmark, prints the table and writes JSON
+    (``--device gpu``: ``bench/gpu.py`` with the other arguments)."""
+    pick = argparse.ArgumentParser(add_help=False)
+    pick.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    known, rest = pick.parse_known_args(argv)
+    if known.device == "gpu":
+        import gpu
+
+        return gpu.main(rest)
+    argv = rest
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", nargs="+", choices=list(FULL), default=list(FULL))
     parser.add_argument("--steps", type=int, default=3, help="timed steps per round")

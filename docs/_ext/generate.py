@@ -38,7 +38,7 @@ def _kernel_module(op, device: str = "cpu") -> str:
     kernels = getattr(op, "kernels", None) or {}
     k = kernels.get(device)
     if k is None:
-        return "numpy forward"
+        return "numpy forward" if device == "cpu" else "CPU's, on the host"
     fn = getattr(k, "fn", k)
     module = getattr(fn, "__module__", "") or ""
     return f"`{module.removeprefix('dfdl.ops.')}`" if module else "yes"
@@ -56,6 +56,7 @@ def _vjp(op) -> str:
 
 def ops_table() -> str:
     """The supported-ops page: one row per entry of :data:`dfdl.ops.REGISTRY`."""
+    import dfdl.ops.gpu  # noqa: F401  (registers the GPU kernels)
     from dfdl.ops import REGISTRY
 
     rows = []
@@ -69,7 +70,8 @@ def ops_table() -> str:
             flags.append("plan-time inputs " + ", ".join(map(str, op.const_inputs)))
         rows.append(
             f"| `{op.name}` | {op.domain or 'ai.onnx'} | {family} | {_vjp(op)} | "
-            f"{_kernel_module(op)} | {_tile_kind(op)} | {'; '.join(flags)} |"
+            f"{_kernel_module(op)} | {_kernel_module(op, 'gpu')} | {_tile_kind(op)} | "
+            f"{'; '.join(flags)} |"
         )
     onnx_ops = sum(1 for op in REGISTRY.values() if not op.domain)
     header = [
@@ -85,13 +87,16 @@ def ops_table() -> str:
         "`backward/update op`: made by autodiff or the optimizer, never differentiated);",
         "- *CPU kernel*: the module of `dfdl/ops/cpu/` whose kernel runs it on CPU workers "
         "(where the kernel accepts the tile's arrays; the numpy forward elsewhere);",
+        "- *GPU kernel*: the module of `dfdl/ops/gpu/` whose cupy kernel runs it on GPU "
+        "workers; elsewhere the op's CPU function runs on host copies of the tile "
+        "([GPUs](../user/gpu.md));",
         "- *tile rule*: the rule that splits its outputs into tiles (`elementwise`: every "
         "axis; others are op-specific, in the family's module);",
         "- *notes*: `contraction` ops (GEMMs, convolutions) give partial tiles summed by a "
         "fixed-order tree; `plan-time inputs` must be constants (folded before planning).",
         "",
-        "| op | domain | family | VJP | CPU kernel | tile rule | notes |",
-        "|---|---|---|---|---|---|---|",
+        "| op | domain | family | VJP | CPU kernel | GPU kernel | tile rule | notes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     return "\n".join(header + rows) + "\n"
 
