@@ -55,6 +55,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--scheduler", metavar="ADDRESS", help="a running Dask scheduler to use")
     p.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="train on N of this machine's NVIDIA GPUs: a local cluster of one worker per "
+        "GPU (needs cupy; with --slurm, ask for GPUs in its spec: gpus=N)",
+    )
+    p.add_argument(
         "--slurm",
         metavar="SPEC",
         help="train on SLURM jobs started for this run (dask-jobqueue), e.g. "
@@ -115,6 +122,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dfdl.runtime.session import TrainingSession, train_config
     from dfdl.training.losses import LOSSES
 
+    check_gpus(args)
     check_output_path(args.output, "-o", size=_file_size(args.model))
     X, y = load_data(args.data, args.labels)
     if y is None and args.loss in LOSSES:
@@ -153,6 +161,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             client = stack.enter_context(open_client(args.scheduler, tls_security(args)))
         elif args.slurm:
             client = stack.enter_context(slurm_client(args.slurm))
+        elif args.gpus:
+            from distributed import Client
+
+            from dfdl.runtime.cluster import local_cluster
+
+            cluster = stack.enter_context(local_cluster(gpus=args.gpus))
+            client = stack.enter_context(Client(cluster))
         start = time.perf_counter() - prepared_s  # not counting the wait for a cluster
         result = session.run(client)
         elapsed = time.perf_counter() - start
@@ -166,6 +181,33 @@ def cmd_train(args: argparse.Namespace) -> int:
         + written_beside(files)
     )
     return 0
+
+
+def check_gpus(args) -> None:
+    """``--gpus``: at least 1, not with another cluster, and no more than this machine
+    has, checked before anything is loaded.
+
+    Example:
+        >>> check_gpus(argparse.Namespace(gpus=None, scheduler=None, slurm=None))
+    """
+    from dfdl.errors import ConfigError
+    from dfdl.runtime.cluster import visible_gpus
+
+    if args.gpus is None:
+        return
+    if args.gpus < 1:
+        raise ConfigError(f"--gpus {args.gpus}: give at least 1 (leave it out to train on CPUs)")
+    if args.scheduler or args.slurm:
+        raise ConfigError(
+            "--gpus starts a cluster on this machine: leave it out with --scheduler, and "
+            "with --slurm ask for GPUs in the spec (gpus=N)"
+        )
+    have = visible_gpus()
+    if args.gpus > len(have):
+        raise ConfigError(
+            f"--gpus {args.gpus}: this machine has {len(have)} NVIDIA GPU(s) visible "
+            "(nvidia-smi -L, CUDA_VISIBLE_DEVICES)"
+        )
 
 
 def _file_size(path: str) -> int:

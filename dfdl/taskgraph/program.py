@@ -142,15 +142,12 @@ def compile_group(
         *(TaskRef(k) for k in step_values),
     )
     packed = pack_bodies({g: task}, min_bytes=0)[g]
-    names = tuple(sorted(task.dependencies, key=str))
-    if packed.func is not run_local:  # run_packed(blob, buffers, names, *values)
-        body = (packed.func, *packed.args[:3])
-        names = packed.args[2]
-    else:
-        body = None
-    if body is None:
+    if packed.func is run_local:  # the standard pickle cannot take it: no program
         return None
-    return Program(body, tuple(names), constants, exports, dict(fixed or {}))
+    run_packed, blob, buffers, names = packed.func, *packed.args[:3]
+    return Program(
+        (run_packed, blob, buffers, names), tuple(names), constants, exports, dict(fixed or {})
+    )
 
 
 def instantiate(
