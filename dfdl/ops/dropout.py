@@ -164,12 +164,24 @@ def _dropout_grad_shape(inputs, consts):
     return [dY]
 
 
+def dropout_grad_params(dY, mask, ratio=None, training_mode=None) -> dict:
+    """The DropoutGrad kernels' parameters: ``rate`` (the ratio, a float) and
+    ``training`` (whether the forward dropped anything).
+
+    Example:
+        >>> dropout_grad_params(None, None, np.float32(0.25), np.bool_(True))
+        {'rate': 0.25, 'training': True}
+    """
+    return {"rate": _ratio(ratio), "training": _training(training_mode)}
+
+
 @register(
     "DropoutGrad",
     domain=DFDL_DOMAIN,
     shape=_dropout_grad_shape,
     tile=elementwise_tile,
     differentiable=False,
+    params=dropout_grad_params,
 )
 def DropoutGrad(dY, mask, ratio=None, training_mode=None):
     """Dropout backward from the forward's mask: ``dY * mask / (1 - ratio)`` in training."""

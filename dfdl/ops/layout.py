@@ -118,7 +118,23 @@ def _reshape_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(spec_in, None), outputs=(spec_out,), adjust=_set_shape_input)
 
 
-@register("Reshape", shape=_reshape_shape, tile=_reshape_tile, const_inputs=(1,))
+def reshape_params(data, shape, *, allowzero=0) -> dict:
+    """The Reshape kernels' parameters: ``target``, the output shape.
+
+    Example:
+        >>> reshape_params(np.ones((2, 3)), np.array([-1]))
+        {'target': (6,)}
+    """
+    return {"target": reshape_target(data.shape, shape, allowzero)}
+
+
+@register(
+    "Reshape",
+    shape=_reshape_shape,
+    tile=_reshape_tile,
+    const_inputs=(1,),
+    params=reshape_params,
+)
 def Reshape(data, shape, *, allowzero=0):
     """Reshape to ``shape`` (0 copies the input dim unless allowzero, -1 is inferred)."""
     data = np.asarray(data)
@@ -184,7 +200,17 @@ def _transpose_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(names,), outputs=("".join(names[i] for i in p),))
 
 
-@register("Transpose", shape=_transpose_shape, tile=_transpose_tile)
+def transpose_params(data, *, perm=None) -> dict:
+    """The Transpose kernels' parameters: ``perm``, the permutation of the tile's axes.
+
+    Example:
+        >>> transpose_params(np.ones((2, 3)))
+        {'perm': (1, 0)}
+    """
+    return {"perm": tuple(_perm(perm, np.ndim(data)))}
+
+
+@register("Transpose", shape=_transpose_shape, tile=_transpose_tile, params=transpose_params)
 def Transpose(data, *, perm=None):
     """Permute axes (reverse them by default)."""
     data = np.asarray(data)
@@ -391,7 +417,23 @@ def _slice_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(spec, *extra), outputs=(spec,))
 
 
-@register("Slice", shape=_slice_shape, tile=_slice_tile, const_inputs=(1, 2, 3, 4))
+def slice_index_params(data, starts, ends, axes=None, steps=None) -> dict:
+    """The Slice kernels' parameters: ``index``, the tuple of slices to take.
+
+    Example:
+        >>> slice_index_params(np.ones((4,)), np.array([1]), np.array([3]))
+        {'index': (slice(1, 3, 1),)}
+    """
+    return {"index": tuple(slice_params(data.shape, starts, ends, axes, steps))}
+
+
+@register(
+    "Slice",
+    shape=_slice_shape,
+    tile=_slice_tile,
+    const_inputs=(1, 2, 3, 4),
+    params=slice_index_params,
+)
 def Slice(data, starts, ends, axes=None, steps=None):
     """Take ``data[starts:ends:steps]`` on ``axes`` (ONNX clamping rules)."""
     data = np.asarray(data)
@@ -422,7 +464,17 @@ def _expand_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(spec_in, None), outputs=(names,), adjust=_set_shape_input)
 
 
-@register("Expand", shape=_expand_shape, tile=_expand_tile, const_inputs=(1,))
+def expand_params(input, shape) -> dict:
+    """The Expand kernels' parameters: ``target``, the broadcast shape.
+
+    Example:
+        >>> expand_params(np.ones((1, 3)), np.array([2, 1]))
+        {'target': (2, 3)}
+    """
+    return {"target": _expand_dims(input.shape, shape)}
+
+
+@register("Expand", shape=_expand_shape, tile=_expand_tile, const_inputs=(1,), params=expand_params)
 def Expand(input, shape):
     """Broadcast ``input`` against ``shape`` (either side may have 1s)."""
     input = np.asarray(input)
@@ -447,7 +499,17 @@ def _gather_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(spec_data, inames), outputs=(names[:ax] + inames + names[ax + 1 :],))
 
 
-@register("Gather", shape=_gather_shape, tile=_gather_tile)
+def gather_params(data, indices, *, axis=0) -> dict:
+    """The Gather kernels' parameters: ``axis`` made non-negative.
+
+    Example:
+        >>> gather_params(np.ones((2, 3)), np.zeros(1, np.int64), axis=-1)
+        {'axis': 1}
+    """
+    return {"axis": _axis(axis, np.ndim(data), "Gather")}
+
+
+@register("Gather", shape=_gather_shape, tile=_gather_tile, params=gather_params)
 def Gather(data, indices, *, axis=0):
     """Pick entries of ``data`` along ``axis`` at ``indices`` (negative counts from the end)."""
     data, indices = np.asarray(data), np.asarray(indices)
@@ -629,6 +691,18 @@ def _slice_grad_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(spec, *extra), outputs=(spec,), adjust=_set_shape_attr("shape"))
 
 
+def slice_grad_params(dY, starts, ends, axes=None, steps=None, *, shape) -> dict:
+    """The SliceGrad kernels' parameters: ``full``, the input's shape, and ``index``, the
+    slices the forward took.
+
+    Example:
+        >>> slice_grad_params(np.ones(2), np.array([1]), np.array([3]), shape=[4])
+        {'full': (4,), 'index': (slice(1, 3, 1),)}
+    """
+    full = tuple(_ints(shape))
+    return {"full": full, "index": tuple(slice_params(full, starts, ends, axes, steps))}
+
+
 @register(
     "SliceGrad",
     domain=DFDL_DOMAIN,
@@ -636,6 +710,7 @@ def _slice_grad_tile(ctx: TileContext) -> TileSpec:
     tile=_slice_grad_tile,
     const_inputs=(1, 2, 3, 4),
     differentiable=False,
+    params=slice_grad_params,
 )
 def SliceGrad(dY, starts, ends, axes=None, steps=None, *, shape):
     """Gradient of Slice: ``dY`` written at the sliced positions of zeros of ``shape``."""

@@ -116,7 +116,18 @@ def _sce_shape(inputs, consts, *, ignore_index=None, reduction="mean"):
     return [_loss_type(X, inputs[1], reduction), X]
 
 
-@register("SoftmaxCrossEntropyLoss", shape=_sce_shape, tile=_loss_tile)
+def sce_params(scores, labels, weights=None, *, ignore_index=None, reduction="mean") -> dict:
+    """The SoftmaxCrossEntropyLoss kernels' parameters: ``ignore_index`` (None: none) and
+    ``reduction``.
+
+    Example:
+        >>> sce_params(None, None)
+        {'ignore_index': None, 'reduction': 'mean'}
+    """
+    return {"ignore_index": ignore_index, "reduction": reduction}
+
+
+@register("SoftmaxCrossEntropyLoss", shape=_sce_shape, tile=_loss_tile, params=sce_params)
 def SoftmaxCrossEntropyLoss(scores, labels, weights=None, *, ignore_index=None, reduction="mean"):
     """NLL of ``labels`` under ``LogSoftmax(scores, axis=1)``; returns (loss, log_prob)."""
     d = scores - scores.max(axis=1, keepdims=True)

@@ -109,7 +109,27 @@ def _prepare(data, axes, keepdims, noop_with_empty_axes):
     return data, reduce_axes(data.ndim, axes, noop_with_empty_axes), bool(keepdims)
 
 
-@register("ReduceMean", shape=_reduce_shape, tile=_reduce_tile(None), const_inputs=(1,))
+def reduce_params(data, axes=None, *, keepdims=1, noop_with_empty_axes=0) -> dict:
+    """The ReduceSum/ReduceMean kernels' parameters: ``red``, the reduced axes
+    (:func:`reduce_axes`; None: the identity), and ``keepdims`` as a bool.
+
+    Example:
+        >>> reduce_params(np.ones((2, 3)), np.array([-1]))
+        {'red': (1,), 'keepdims': True}
+    """
+    return {
+        "red": reduce_axes(np.ndim(data), axes, noop_with_empty_axes),
+        "keepdims": bool(keepdims),
+    }
+
+
+@register(
+    "ReduceMean",
+    shape=_reduce_shape,
+    tile=_reduce_tile(None),
+    const_inputs=(1,),
+    params=reduce_params,
+)
 def ReduceMean(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     """Mean over ``axes`` (all axes when empty, identity with noop_with_empty_axes)."""
     data, red, keep = _prepare(data, axes, keepdims, noop_with_empty_axes)
@@ -119,7 +139,13 @@ def ReduceMean(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
         return np.asarray(np.mean(data, axis=red, keepdims=keep, dtype=data.dtype))
 
 
-@register("ReduceSum", shape=_reduce_shape, tile=_reduce_tile("sum"), const_inputs=(1,))
+@register(
+    "ReduceSum",
+    shape=_reduce_shape,
+    tile=_reduce_tile("sum"),
+    const_inputs=(1,),
+    params=reduce_params,
+)
 def ReduceSum(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     """Sum over ``axes`` (all axes when empty, identity with noop_with_empty_axes)."""
     data, red, keep = _prepare(data, axes, keepdims, noop_with_empty_axes)

@@ -59,9 +59,11 @@ def scalar(x: Any) -> float:
 
 class GpuDispatch:
     """The tile function of an op on a GPU worker: its GPU kernel where one is registered
-    and accepts the arrays (the kernel gets the node's attributes), else the op's CPU tile
-    function on host copies of the inputs (counted in :data:`FALLBACKS`), whose outputs
-    stay on the host until a GPU kernel reads them. Pickled by reference to its functions.
+    and accepts the arrays (the kernel gets what the op's ``params`` rule resolves, as a
+    CPU kernel does), else the op's CPU tile function on host copies of the inputs
+    (counted in :data:`FALLBACKS`), whose outputs stay on the host until a GPU kernel reads
+    them; also where the rule needs the values of an input on the device. Pickled by
+    reference to its functions.
 
     Example:
         >>> d = GpuDispatch("Neg", np.negative, None, None)
@@ -69,23 +71,33 @@ class GpuDispatch:
         array([-1.])
     """
 
-    __slots__ = ("accepts", "host", "kernel", "name")
+    __slots__ = ("accepts", "host", "kernel", "name", "params")
 
-    def __init__(self, name: str, host, kernel, accepts):
+    def __init__(self, name: str, host, kernel, accepts, params=None):
         self.name = name
         self.host = host
         self.kernel = kernel
         self.accepts = accepts
+        self.params = params
 
     def __call__(self, *inputs, **attrs):
         if self.kernel is not None and (self.accepts is None or self.accepts(*inputs, **attrs)):
-            return self.kernel(*inputs, **attrs)
+            if self.params is None:
+                return self.kernel(*inputs, **attrs)
+            try:
+                params = self.params(*inputs, **attrs)
+            except TypeError:
+                if not any(is_device_array(x) for x in inputs):
+                    raise
+                params = None  # the rule reads the values of an input on the device
+            if params is not None:
+                return self.kernel(*inputs, **params)
         with _LOCK:
             FALLBACKS[self.name] += 1
         return self.host(*(to_host(x) for x in inputs), **attrs)
 
     def __reduce__(self):
-        return GpuDispatch, (self.name, self.host, self.kernel, self.accepts)
+        return GpuDispatch, (self.name, self.host, self.kernel, self.accepts, self.params)
 
     def __repr__(self) -> str:
         k = getattr(self.kernel, "__name__", None) or "CPU on host"
@@ -100,4 +112,6 @@ def dispatch(op) -> GpuDispatch:
     k = op.kernels.get("gpu")
     name = op.name if not op.domain else f"{op.domain}.{op.name}"
     host = op.kernel("cpu")
-    return GpuDispatch(name, host, None if k is None else k.fn, None if k is None else k.accepts)
+    if k is None:
+        return GpuDispatch(name, host, None, None)
+    return GpuDispatch(name, host, k.fn, k.accepts, op.params)

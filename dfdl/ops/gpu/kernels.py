@@ -49,10 +49,10 @@ def _gemm_floats(A, B, C=None, **attrs) -> bool:
 
 
 @kernel("Gemm", "gpu", accepts=_gemm_floats)
-def gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+def gemm(A, B, C=None, *, alpha, beta, trans_a, trans_b):
     """ONNX Gemm on cuBLAS: ``alpha * A' @ B' + beta * C``."""
     a, b = to_device(A), to_device(B)
-    y = cupy().matmul(a.T if transA else a, b.T if transB else b)
+    y = cupy().matmul(a.T if trans_a else a, b.T if trans_b else b)
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
     if C is not None and beta != 0.0:
@@ -68,12 +68,12 @@ def matmul(A, B):
 
 
 @kernel("MatMulT", "gpu", accepts=_first_two_floats, domain=DFDL_DOMAIN)
-def matmul_t(A, B, *, transA=0, transB=0):
+def matmul_t(A, B, *, trans_a, trans_b):
     """``A' @ B'``, a transposed operand read in place (cuBLAS's transpose flags)."""
     cp = cupy()
     a, b = to_device(A), to_device(B)
-    a = cp.swapaxes(a, -1, -2) if transA else a
-    return cp.matmul(a, cp.swapaxes(b, -1, -2) if transB else b)
+    a = cp.swapaxes(a, -1, -2) if trans_a else a
+    return cp.matmul(a, cp.swapaxes(b, -1, -2) if trans_b else b)
 
 
 @kernel("MatMulGradB", "gpu", accepts=_first_two_floats, domain=DFDL_DOMAIN)
@@ -107,7 +107,7 @@ def _same_shape_pair(dY, X, **attrs) -> bool:
 
 
 @kernel("ReluGrad", "gpu", accepts=_same_shape_pair, domain=DFDL_DOMAIN)
-def relu_grad(dY, X, *, alpha=0.0):
+def relu_grad(dY, X, *, alpha):
     """dY where X > 0, else alpha * dY."""
     dy, x = to_device(dY), to_device(X)
     body = "out = x > (T)0 ? dy : dy * alpha"
@@ -142,45 +142,36 @@ def _data_floats(data, *rest, **attrs) -> bool:
     return floats(data)
 
 
-def _reduce(how: str, data, axes, keepdims, noop_with_empty_axes):
-    """``cupy.sum``/``cupy.mean`` over the ONNX reduction's axes, in the data's dtype."""
-    from dfdl.ops.reduce import reduce_axes
-
+def _reduce(how: str, data, red, keepdims):
+    """``cupy.sum``/``cupy.mean`` over ``red`` (None: the data itself), in its dtype."""
     x = to_device(data)
-    red = reduce_axes(x.ndim, axes, noop_with_empty_axes)
     if red is None:
         return x.copy()
-    return getattr(cupy(), how)(x, axis=red, keepdims=bool(keepdims), dtype=x.dtype)
+    return getattr(cupy(), how)(x, axis=red, keepdims=keepdims, dtype=x.dtype)
 
 
 @kernel("ReduceSum", "gpu", accepts=_data_floats)
-def reduce_sum(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
-    """Sum over ``axes`` (all when empty; the input when noop_with_empty_axes)."""
-    return _reduce("sum", data, axes, keepdims, noop_with_empty_axes)
+def reduce_sum(data, axes=None, *, red, keepdims):
+    """Sum over the reduced axes ``red``."""
+    return _reduce("sum", data, red, keepdims)
 
 
 @kernel("ReduceMean", "gpu", accepts=_data_floats)
-def reduce_mean(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
-    """Mean over ``axes`` (all when empty; the input when noop_with_empty_axes)."""
-    return _reduce("mean", data, axes, keepdims, noop_with_empty_axes)
+def reduce_mean(data, axes=None, *, red, keepdims):
+    """Mean over the reduced axes ``red``."""
+    return _reduce("mean", data, red, keepdims)
 
 
 @kernel("Reshape", "gpu")
-def reshape(data, shape, *, allowzero=0):
-    """A view of the tile with the new shape (a copy where cupy needs one)."""
-    from dfdl.ops.layout import reshape_target
-
-    x = to_device(data)
-    return x.reshape(reshape_target(x.shape, np.asarray(shape), allowzero))
+def reshape(data, shape, *, target):
+    """A view of the tile with the shape ``target`` (a copy where cupy needs one)."""
+    return to_device(data).reshape(target)
 
 
 @kernel("Expand", "gpu")
-def expand(input, shape):
-    """``input`` broadcast against ``shape``, as a new array."""
-    from dfdl.ops.layout import _expand_dims
-
-    x = to_device(input)
-    return cupy().broadcast_to(x, _expand_dims(x.shape, np.asarray(shape))).copy()
+def expand(input, shape, *, target):
+    """``input`` broadcast to ``target``, as a new array."""
+    return cupy().broadcast_to(to_device(input), target).copy()
 
 
 # ----------------------------------------------------------------- optimizer updates
@@ -204,8 +195,8 @@ def _same_shape_floats(param, grad, *rest, **attrs) -> bool:
 
 
 @kernel("SGDUpdate", "gpu", accepts=_same_shape_floats, domain=DFDL_DOMAIN)
-def sgd_update(param, grad, lr, momentum_buffer=None, first=None, *, momentum=0.0,
-               dampening=0.0, nesterov=0, weight_decay=0.0):  # fmt: skip
+def sgd_update(param, grad, lr, momentum_buffer=None, first=None, *, momentum, dampening,
+               nesterov, weight_decay):  # fmt: skip
     """One ``torch.optim.SGD`` step, one kernel per tensor."""
     p, g = to_device(param), to_device(grad)
     dt = p.dtype.type
@@ -238,7 +229,7 @@ new_p = q + neg_step * new_m / denom;
 
 @kernel("AdamUpdate", "gpu", accepts=_same_shape_floats, domain=DFDL_DOMAIN)
 def adam_update(param, grad, exp_avg, exp_avg_sq, step_size, bias_correction2_sqrt,
-                decay=None, *, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):  # fmt: skip
+                decay=None, *, beta1, beta2, eps, weight_decay):  # fmt: skip
     """One ``torch.optim.Adam``/``AdamW`` step, one kernel per tensor (the numpy
     forward's operation order, torch's lerp for the first moment)."""
     p, g = to_device(param), to_device(grad)
@@ -261,11 +252,12 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, step_size, bias_correction2_sq
 
 
 @kernel("UpdateGroup", "gpu", domain=DFDL_DOMAIN)
-def update_group(*inputs, update, layout, arity, n_shared, **attrs):
-    """Each member update with its GPU tile function, outputs in order."""
-    from dfdl.ops.optim import run_group
-
-    return run_group(
-        lambda u: lookup(u, DFDL_DOMAIN).kernel("gpu"), inputs, update, layout, arity,
-        n_shared, attrs,
-    )  # fmt: skip
+def update_group(*inputs, update, members, member_attrs):
+    """Each member update (its inputs at the positions ``members`` gives) with the
+    member op's GPU tile function; their outputs, in order."""
+    fn = lookup(update, DFDL_DOMAIN).kernel("gpu")
+    out: list = []
+    for positions in members:
+        r = fn(*(inputs[i] for i in positions), **member_attrs)
+        out += list(r) if isinstance(r, tuple) else [r]
+    return tuple(out)

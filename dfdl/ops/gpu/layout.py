@@ -27,32 +27,23 @@ def _any(*xs, **attrs) -> bool:
 
 
 @kernel("Transpose", "gpu", accepts=_any)
-def transpose(data, *, perm=None):
-    """The axes permuted, as a new C-ordered array."""
-    from dfdl.ops.layout import _perm
-
-    x = to_device(data)
-    return cupy().ascontiguousarray(x.transpose(_perm(perm, x.ndim)))
+def transpose(data, *, perm):
+    """The axes permuted by ``perm``, as a new C-ordered array."""
+    return cupy().ascontiguousarray(to_device(data).transpose(perm))
 
 
 @kernel("Slice", "gpu", accepts=_any)
-def slice_(data, starts, ends, axes=None, steps=None):
-    """``data[starts:ends:steps]`` on ``axes``, as a new array."""
-    from dfdl.ops.layout import slice_params
-
-    x = to_device(data)
-    return cupy().ascontiguousarray(x[tuple(slice_params(x.shape, starts, ends, axes, steps))])
+def slice_(data, starts, ends, axes=None, steps=None, *, index):
+    """``data[index]``, as a new array."""
+    return cupy().ascontiguousarray(to_device(data)[index])
 
 
 @kernel("SliceGrad", "gpu", accepts=_any, domain=DFDL_DOMAIN)
-def slice_grad(dY, starts, ends, axes=None, steps=None, *, shape):
-    """``dY`` written at the sliced positions of zeros of ``shape``."""
-    from dfdl.ops.layout import _ints, slice_params
-
+def slice_grad(dY, starts, ends, axes=None, steps=None, *, full, index):
+    """``dY`` written at ``index`` of zeros of the shape ``full``."""
     dy = to_device(dY)
-    full = tuple(_ints(shape))
     out = cupy().zeros(full, dtype=dy.dtype)
-    out[tuple(slice_params(full, starts, ends, axes, steps))] = dy
+    out[index] = dy
     return out
 
 
@@ -69,38 +60,31 @@ def _checked(indices: np.ndarray, n: int, op: str) -> np.ndarray:
 
 
 @kernel("Gather", "gpu", accepts=_host_indices)
-def gather(data, indices, *, axis=0):
+def gather(data, indices, *, axis):
     """Entries of ``data`` along ``axis`` at ``indices`` (host indices, checked there)."""
-    from dfdl.ops.layout import _axis
-
     x = to_device(data)
-    ax = _axis(axis, x.ndim, "Gather")
-    idx = to_device(_checked(indices, x.shape[ax], "Gather"))
-    return cupy().take(x, idx, axis=ax)
+    idx = to_device(_checked(indices, x.shape[axis], "Gather"))
+    return cupy().take(x, idx, axis=axis)
 
 
 def _gather_grad_accepts(dY, indices, *, axis=0, data_shape, **attrs) -> bool:
-    from dfdl.ops.layout import _ints
-
-    shape = tuple(_ints(data_shape))
-    rows = int(np.prod(shape[:1])) if shape else 1
+    shape = tuple(int(d) for d in np.asarray(data_shape).reshape(-1))
     return (
         floats(dY)
         and _host_indices(None, indices)
+        and len(shape) > 0
         and axis in (0, -len(shape))
-        and indices.size * rows * dY.dtype.itemsize <= ONE_HOT_BYTES
+        and indices.size * shape[0] * dY.dtype.itemsize <= ONE_HOT_BYTES
     )
 
 
 @kernel("GatherGrad", "gpu", accepts=_gather_grad_accepts, domain=DFDL_DOMAIN)
-def gather_grad(dY, indices, *, axis=0, data_shape):
-    """``dY`` summed into zeros of ``data_shape`` at ``indices`` along axis 0, as a
-    one-hot GEMM (cuBLAS sums in a fixed order: repeated indices add up the same way in
-    every run)."""
-    from dfdl.ops.layout import _ints
-
+def gather_grad(dY, indices, *, axis, data_shape):
+    """``dY`` summed into zeros of ``data_shape`` at ``indices`` along axis 0 (the only
+    one its ``accepts`` takes), as a one-hot GEMM (cuBLAS sums in a fixed order: repeated
+    indices add up the same way in every run)."""
     cp = cupy()
-    shape = tuple(_ints(data_shape))
+    shape = data_shape
     dy = to_device(dY)
     idx = to_device(_checked(indices, shape[0], "GatherGrad").reshape(-1))
     one_hot = (idx[:, None] == cp.arange(shape[0])[None, :]).astype(dy.dtype)

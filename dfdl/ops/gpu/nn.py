@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from dfdl.ops.gpu.device import cupy, to_device
+from dfdl.ops.gpu.device import cupy, scalar, to_device
 from dfdl.ops.gpu.kernels import elementwise, floats
 from dfdl.ops.registry import DFDL_DOMAIN, kernel
 
@@ -30,24 +30,29 @@ def _pair(A, B, *rest, **attrs) -> bool:
     return floats(A, B) and A.shape == B.shape
 
 
+def _last_axis(X, *rest, axis=-1) -> bool:
+    """Softmax over the tile's last axis (the one its kernels compute over)."""
+    return floats(X, *rest) and axis in (-1, X.ndim - 1) and all(r.shape == X.shape for r in rest)
+
+
 # -------------------------------------------------------------------------- softmax
 
 
-@kernel("Softmax", "gpu", accepts=_one_float)
-def softmax(input, *, axis=-1):
-    """exp(x - max) / sum, along ``axis``."""
+@kernel("Softmax", "gpu", accepts=_last_axis)
+def softmax(input):
+    """exp(x - max) / sum along the last axis."""
     x = to_device(input)
     if x.size == 0:
         return x.copy()
-    e = cupy().exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+    e = cupy().exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
-@kernel("SoftmaxGrad", "gpu", accepts=_pair, domain=DFDL_DOMAIN)
-def softmax_grad(dY, Y, *, axis=-1):
-    """``Y * (dY - sum(dY * Y))`` in float64, from the softmax's output."""
+@kernel("SoftmaxGrad", "gpu", accepts=_last_axis, domain=DFDL_DOMAIN)
+def softmax_grad(dY, Y):
+    """``Y * (dY - sum(dY * Y))`` along the last axis in float64, from the output."""
     y, dy = to_device(Y).astype(np.float64), to_device(dY).astype(np.float64)
-    return (y * (dy - (dy * y).sum(axis=axis, keepdims=True))).astype(Y.dtype)
+    return (y * (dy - (dy * y).sum(axis=-1, keepdims=True))).astype(Y.dtype)
 
 
 # ------------------------------------------------------------------------ LayerNorm
@@ -58,15 +63,12 @@ def _ln_accepts(X, Scale, B=None, **attrs) -> bool:
 
 
 @kernel("LayerNormalization", "gpu", accepts=_ln_accepts)
-def layer_norm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1):
-    """(Y, Mean, InvStdDev), statistics in the ``stash_type`` precision."""
-    from dfdl.ops.common import normalize_axis
-    from dfdl.ops.norm import stash_dtype
-
+def layer_norm(X, Scale, B=None, *, axis, epsilon, stash):
+    """(Y, Mean, InvStdDev) over axes ``axis..``, statistics in the ``stash`` dtype."""
     cp = cupy()
     x = to_device(X)
-    axes = tuple(range(normalize_axis(axis, x.ndim), x.ndim))
-    xs = x.astype(stash_dtype(stash_type), copy=False)
+    axes = tuple(range(axis, x.ndim))
+    xs = x.astype(stash, copy=False)
     mean = xs.mean(axis=axes, keepdims=True)
     d = xs - mean
     var = (d * d).mean(axis=axes, keepdims=True)
@@ -88,16 +90,12 @@ def _ln_grad_accepts(dY, X, Scale, *rest, **attrs) -> bool:
 
 
 @kernel("LayerNormalizationGrad", "gpu", accepts=_ln_grad_accepts, domain=DFDL_DOMAIN)
-def layer_norm_grad(dY, X, Scale, dMean=None, dInvStdDev=None, *, axis=-1, epsilon=1e-5,
-                    stash_type=1):  # fmt: skip
+def layer_norm_grad(dY, X, Scale, dMean=None, dInvStdDev=None, *, axis, epsilon):
     """dX of LayerNormalization, statistics recomputed in float64."""
-    from dfdl.ops.common import normalize_axis
-
     f64 = np.float64
     x = to_device(X).astype(f64)
-    ax = normalize_axis(axis, x.ndim)
-    axes = tuple(range(ax, x.ndim))
-    k = math.prod(x.shape[ax:])
+    axes = tuple(range(axis, x.ndim))
+    k = math.prod(x.shape[axis:])
     xc, inv = _centered(x, axes, epsilon)
     dx = cupy().zeros_like(x)
     if dY is not None:
@@ -114,17 +112,13 @@ def layer_norm_grad(dY, X, Scale, dMean=None, dInvStdDev=None, *, axis=-1, epsil
 
 
 @kernel("LayerNormalizationParamGrad", "gpu", accepts=_pair, domain=DFDL_DOMAIN)
-def layer_norm_param_grad(dY, X, *, axis=-1, epsilon=1e-5, stash_type=1, param_axis=None):
+def layer_norm_param_grad(dY, X, *, axis, param_axis, epsilon):
     """``[sum(dY * xhat), sum(dY)]`` over the axes before ``param_axis``, in float64."""
-    from dfdl.ops.common import normalize_axis
-
     cp = cupy()
     x = to_device(X).astype(np.float64)
-    ax = normalize_axis(axis, x.ndim)
-    pa = ax if param_axis is None else normalize_axis(param_axis, x.ndim)
-    xc, inv = _centered(x, tuple(range(ax, x.ndim)), epsilon)
+    xc, inv = _centered(x, tuple(range(axis, x.ndim)), epsilon)
     dy = to_device(dY).astype(np.float64)
-    lead = tuple(range(pa))
+    lead = tuple(range(param_axis))
     return cp.stack([(dy * (xc * inv)).sum(axis=lead), dy.sum(axis=lead)]).astype(X.dtype)
 
 
@@ -151,17 +145,15 @@ _GELU_CONSTANTS = (
 
 
 @kernel("Gelu", "gpu", accepts=_one_float)
-def gelu(X, *, approximate="none"):
+def gelu(X, *, tanh):
     """x * Phi(x) via erfc, or with the tanh approximation (as a sigmoid)."""
-    tanh = approximate == "tanh"
     k = elementwise(f"gelu_{tanh}", "T x", "T y", _GELU[tanh], preamble=_GELU_CONSTANTS)
     return k(to_device(X))
 
 
 @kernel("GeluGrad", "gpu", accepts=_pair, domain=DFDL_DOMAIN)
-def gelu_grad(dY, X, *, approximate="none"):
+def gelu_grad(dY, X, *, tanh):
     """dY * d Gelu / dX, from the Gelu's input."""
-    tanh = approximate == "tanh"
     k = elementwise(
         f"gelu_grad_{tanh}", "T dy, T x", "T out", _GELU_GRAD[tanh], preamble=_GELU_CONSTANTS
     )
@@ -182,34 +174,28 @@ y = m ? x * scale : (T)0;
 """
 
 
-def _dropout_accepts(data, *rest, **attrs) -> bool:
-    return floats(data) and data.ndim >= 1
+def _dropout_accepts(data, ratio=None, training_mode=None, **attrs) -> bool:
+    """Training mode with a ratio strictly between 0 and 1 (as the CPU kernel's; the
+    forward's other cases are copies or zeros)."""
+    rate = 0.5 if ratio is None else scalar(ratio)
+    training = training_mode is not None and scalar(training_mode) != 0
+    return floats(data) and data.ndim >= 1 and training and 0 < rate < 1
 
 
 @kernel("Dropout", "gpu", accepts=_dropout_accepts)
-def dropout(data, ratio=None, training_mode=None, *, seed=None, _offset=None, _full_shape=None):
+def dropout(data, ratio=None, training_mode=None, *, rate, key, row_base):
     """(output, mask), the mask the CPU's bit for bit (same hash of the same indices)."""
-    from dfdl.ops.dropout import _ratio, _training, dropout_params
-
     cp = cupy()
     x = to_device(data)
-    r = _ratio(ratio)
-    if not _training(training_mode) or r == 0:
-        return x, cp.ones(x.shape, dtype=np.bool_)
-    if not 0 <= r <= 1:
-        raise ValueError(f"Dropout: ratio must be in [0, 1], got {r}")
-    p = dropout_params(x, ratio, training_mode, seed=seed, _offset=_offset, _full_shape=_full_shape)
-    ncol = x.shape[-1]
-    base = cp.asarray(p["row_base"]).reshape(*x.shape[:-1], 1)
-    scale = x.dtype.type(1.0 / (1.0 - r)) if r < 1 else x.dtype.type(0)
+    base = cp.asarray(row_base).reshape(*x.shape[:-1], 1)
     k = elementwise(
         "dropout",
         "T x, uint64 base, uint64 key, float64 rate, T scale, int64 ncol",
         "T y, bool m",
         _DROPOUT,
     )
-    y, m = k(x, base, np.uint64(p["key"]), r, scale, ncol)
-    return (cp.zeros_like(x) if r == 1 else y), m
+    scale = x.dtype.type(1.0 / (1.0 - rate))
+    return k(x, base, np.uint64(key), float(rate), scale, x.shape[-1])
 
 
 def _dropout_grad_accepts(dY, mask, *rest, **attrs) -> bool:
@@ -217,18 +203,15 @@ def _dropout_grad_accepts(dY, mask, *rest, **attrs) -> bool:
 
 
 @kernel("DropoutGrad", "gpu", accepts=_dropout_grad_accepts, domain=DFDL_DOMAIN)
-def dropout_grad(dY, mask, ratio=None, training_mode=None):
-    """dY * mask / (1 - ratio) in training."""
-    from dfdl.ops.dropout import _ratio, _training
-
+def dropout_grad(dY, mask, ratio=None, training_mode=None, *, rate, training):
+    """dY * mask / (1 - rate) in training; dY as it is otherwise."""
     cp = cupy()
     dy = to_device(dY)
-    r = _ratio(ratio)
-    if not _training(training_mode) or r == 0:
+    if not training or rate == 0:
         return dy
-    if r == 1:
+    if rate == 1:
         return cp.zeros_like(dy)
-    scale = dy.dtype.type(1.0 / (1.0 - r))
+    scale = dy.dtype.type(1.0 / (1.0 - rate))
     return cp.where(to_device(mask), dy * scale, dy.dtype.type(0))
 
 
@@ -240,7 +223,7 @@ def _sce_accepts(scores, labels, weights=None, **attrs) -> bool:
 
 
 @kernel("SoftmaxCrossEntropyLoss", "gpu", accepts=_sce_accepts)
-def sce_loss(scores, labels, weights=None, *, ignore_index=None, reduction="mean"):
+def sce_loss(scores, labels, weights=None, *, ignore_index, reduction):
     """(loss, log_prob): the NLL of ``labels`` under log-softmax over axis 1."""
     cp = cupy()
     x = to_device(scores)
@@ -268,22 +251,15 @@ def _sce_grad_accepts(dloss, scores, labels, weights=None, **attrs) -> bool:
 
 
 @kernel("SoftmaxCrossEntropyLossGrad", "gpu", accepts=_sce_grad_accepts, domain=DFDL_DOMAIN)
-def sce_loss_grad(dloss, scores, labels, weights=None, *, ignore_index=None, reduction="mean"):
-    """``coef * (softmax(scores) - onehot(labels))`` in float64, as the CPU's."""
+def sce_loss_grad(dloss, scores, labels, weights=None, *, coef, safe_labels):
+    """``coef * (softmax(scores) - onehot(safe_labels))`` in float64, as the CPU's
+    (``coef``: each label's gradient factor, from the host)."""
     cp = cupy()
-    f64 = np.float64
-    t = to_device(labels)
-    ignored = cp.zeros(t.shape, dtype=np.bool_) if ignore_index is None else t == ignore_index
-    safe = cp.where(ignored, 0, t).astype(np.int64)
-    w = cp.ones(t.shape, f64) if weights is None else cp.take(to_device(weights).astype(f64), safe)
-    w = cp.where(ignored, 0.0, w)
-    coef = to_device(dloss).astype(f64) * w
-    if reduction == "mean":
-        coef = coef / w.sum()
-    coef = cp.broadcast_to(coef, t.shape)
-    x = to_device(scores).astype(f64)
+    c = to_device(coef)
+    safe = to_device(safe_labels)
+    x = to_device(scores).astype(np.float64)
     e = cp.exp(x - x.max(axis=1, keepdims=True))
-    dx = e / e.sum(axis=1, keepdims=True) * coef[:, None]
+    dx = e / e.sum(axis=1, keepdims=True) * c[:, None]
     classes = cp.arange(x.shape[1]).reshape(1, -1, *([1] * (x.ndim - 2)))
-    dx = dx - (classes == safe[:, None]) * coef[:, None]
+    dx = dx - (classes == safe[:, None]) * c[:, None]
     return dx.astype(scores.dtype)
