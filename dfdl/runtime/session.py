@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -465,10 +466,20 @@ class TrainingSession:
             # client None: the embedded cluster, whose processes are dfdl's own
             run = _Run(self, c, client is None, on, schedule, feeds, anchor, collector, reporter)
             self.timings["setup_s"] = self._load_s + time.perf_counter() - t_start
+            interrupted = False
             try:
                 final = run.with_recovery(progress)
+            except KeyboardInterrupt:
+                interrupted = True
             finally:
                 progress.close()
+            if interrupted:
+                # the run's futures live in the caught interrupt's traceback, which a
+                # notebook keeps (sys.last_traceback): raise a fresh one, so the cluster
+                # drops the run's tasks and tiles now instead of computing them for nobody
+                del run, collector, anchor
+                gc.collect()
+                raise KeyboardInterrupt
         return self._result(run, progress, collector, final, t_start)
 
     def _start(self, tg) -> tuple[int, dict[str, np.ndarray]]:
