@@ -398,7 +398,7 @@ def _compile_program(client, sps, steps, state, constants, options, device):
             sps,
             token=ptok,
             nthreads=lambda: list(client.nthreads().values()),
-            options=program.with_step_values(options, len(steps)),
+            options=program.group_options(options, len(steps)),
         )
 
     compiled = program.compile_group(dsk, wanted, optimized, tuple(step_values), fixed)

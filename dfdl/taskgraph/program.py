@@ -70,8 +70,9 @@ class Program:
     """A compiled group (:func:`compile_group`).
 
     Attributes:
-        body: the group task's function and leading arguments (``run_local``'s or
-            ``run_packed``'s), the same for every group.
+        body: ``(run_packed, blob, buffers, names)``: the group task's function and
+            leading arguments, pickled once (:mod:`dfdl.taskgraph.pack`), the same for
+            every group.
         names: the inputs the body reads, in order: placeholders of the group's inputs
             (:func:`placeholder`), or keys of constants.
         constants: the constants' graph nodes the body reads (sent with each group).
@@ -174,7 +175,7 @@ def instantiate(
     return dsk, program.exports.__getitem__
 
 
-def with_step_values(options, steps: int):
+def group_options(options, steps: int):
     """``options`` (:class:`dfdl.taskgraph.optimize.GraphOptions`) for compiling a
     group of ``steps`` steps: one step task for all of them, bodies not packed (the
     program packs its own)."""
