@@ -171,7 +171,17 @@ def _flatten_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=("".join(spec_in),), outputs=("".join(spec_out),))
 
 
-@register("Flatten", shape=_flatten_shape, tile=_flatten_tile)
+def flatten_params(input, *, axis=1) -> dict:
+    """The Flatten kernels' parameters: ``target``, the 2-D output shape.
+
+    Example:
+        >>> flatten_params(np.ones((2, 3, 4)))
+        {'target': (2, 12)}
+    """
+    return {"target": _flatten_dims(np.shape(input), axis)}
+
+
+@register("Flatten", shape=_flatten_shape, tile=_flatten_tile, params=flatten_params)
 def Flatten(input, *, axis=1):
     """Flatten to 2-D: dims before ``axis`` form the rows, the rest the columns."""
     input = np.asarray(input)
@@ -315,7 +325,19 @@ def _concat_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=tuple(spec for _ in ctx.inputs), outputs=(spec,))
 
 
-@register("Concat", shape=_concat_shape, tile=_concat_tile)
+def concat_params(*inputs, axis=None) -> dict:
+    """The Concat kernels' parameters: ``axis``, non-negative.
+
+    Example:
+        >>> concat_params(np.ones((2, 3)), np.ones((2, 1)), axis=-1)
+        {'axis': 1}
+    """
+    if axis is None:
+        raise ModelError("Concat: attribute 'axis' is required")
+    return {"axis": _axis(axis, np.ndim(inputs[0]), "Concat")}
+
+
+@register("Concat", shape=_concat_shape, tile=_concat_tile, params=concat_params)
 def Concat(*inputs, axis=None):
     """Join ``inputs`` along ``axis``."""
     if axis is None:
@@ -363,7 +385,20 @@ def _split_tile(ctx: TileContext) -> TileSpec:
     return TileSpec(inputs=(spec, *extra), outputs=tuple(spec for _ in ctx.outputs))
 
 
-@register("Split", shape=_split_shape, tile=_split_tile, const_inputs=(1,))
+def split_params(input, split=None, *, axis=0, num_outputs=None) -> dict:
+    """The Split kernels' parameters: ``axis``, non-negative, and ``cuts``, the
+    positions along it where the outputs start (after the first).
+
+    Example:
+        >>> split_params(np.ones((2, 6)), np.array([1, 2, 3]), axis=1)
+        {'axis': 1, 'cuts': (1, 3)}
+    """
+    ax = _axis(axis, np.ndim(input), "Split")
+    sizes = split_sizes(np.shape(input)[ax], split, num_outputs)
+    return {"axis": ax, "cuts": tuple(int(v) for v in np.cumsum(sizes)[:-1])}
+
+
+@register("Split", shape=_split_shape, tile=_split_tile, const_inputs=(1,), params=split_params)
 def Split(input, split=None, *, axis=0, num_outputs=None):
     """Cut ``input`` along ``axis`` into the given sizes (or ``num_outputs`` parts)."""
     input = np.asarray(input)

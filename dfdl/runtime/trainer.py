@@ -401,7 +401,9 @@ def _compile_program(client, sps, steps, state, constants, options, device):
             options=program.group_options(options, len(steps)),
         )
 
-    compiled = program.compile_group(dsk, wanted, optimized, tuple(step_values), fixed)
+    compiled = program.compile_group(
+        dsk, wanted, optimized, tuple(step_values), fixed, serial=device != "cpu"
+    )
     if compiled is None:
         return None
     return compiled, ptok, {name: chunks[name] for name in refs}

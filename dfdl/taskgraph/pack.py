@@ -28,6 +28,8 @@ Measurements: ``docs/design/packed-bodies.md``.
 from __future__ import annotations
 
 import pickle
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
@@ -36,6 +38,11 @@ from dask.task_spec import Task, TaskRef
 #: smallest pickled body (bytes) worth packing: below it the extra ``loads`` costs
 #: about what the scheduler and the worker save
 MIN_BYTES = 2048
+#: bodies :func:`run_cached` keeps unpickled per process (the programs of one training's
+#: group shapes: a handful)
+CACHED_BODIES = 16
+_LOADED: OrderedDict = OrderedDict()
+_LOADED_LOCK = threading.Lock()
 
 
 def pack_bodies(dsk: Mapping, min_bytes: int = MIN_BYTES) -> dict:
@@ -89,3 +96,27 @@ def run_packed(blob: bytes, buffers: tuple, names: tuple, *values):
         4
     """
     return pickle.loads(blob, buffers=buffers)(dict(zip(names, values, strict=True)))
+
+
+def run_cached(token: str, blob: bytes, buffers: tuple, names: tuple, *values):
+    """:func:`run_packed` for a body that runs again and again (a step program's, see
+    :mod:`dfdl.taskgraph.program`): unpickled once per process under ``token``, which
+    names that body and no other, and kept for the next run (the last
+    :data:`CACHED_BODIES` bodies). The body is not changed by running it.
+
+    Example:
+        >>> blob = pickle.dumps(Task("y", abs, TaskRef("x")))
+        >>> run_cached("abs-1", blob, (), ("x",), -4), run_cached("abs-1", b"", (), ("x",), 5)
+        (4, 5)
+    """
+    with _LOADED_LOCK:
+        body = _LOADED.get(token)
+        if body is not None:
+            _LOADED.move_to_end(token)
+    if body is None:
+        body = pickle.loads(blob, buffers=buffers)
+        with _LOADED_LOCK:
+            _LOADED[token] = body
+            while len(_LOADED) > CACHED_BODIES:
+                _LOADED.popitem(last=False)
+    return body(dict(zip(names, values, strict=True)))

@@ -27,14 +27,15 @@ Example:
 from __future__ import annotations
 
 import operator
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from dask.task_spec import DataNode, Task, TaskRef
 
-from dfdl.taskgraph.pack import pack_bodies
-from dfdl.taskgraph.step_tasks import STEP_VALUES, run_local
+from dfdl.taskgraph.pack import pack_bodies, run_cached
+from dfdl.taskgraph.step_tasks import STEP_VALUES, run_local, run_serial
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,9 @@ class Program:
     """A compiled group (:func:`compile_group`).
 
     Attributes:
-        body: ``(run_packed, blob, buffers, names)``: the group task's function and
-            leading arguments, pickled once (:mod:`dfdl.taskgraph.pack`), the same for
-            every group.
+        body: ``(run_cached, token, blob, buffers, names)``: the group task's function
+            and leading arguments, pickled once (:mod:`dfdl.taskgraph.pack`), the same
+            for every group, and unpickled once per worker process (``token``).
         names: the inputs the body reads, in order: placeholders of the group's inputs
             (:func:`placeholder`), or keys of constants.
         constants: the constants' graph nodes the body reads (sent with each group).
@@ -101,13 +102,16 @@ def compile_group(
     optimize: Callable,
     step_values: tuple = (),
     fixed: Mapping[Any, Any] | None = None,
+    serial: bool = False,
 ) -> Program | None:
     """The program of one group: ``lowered`` is its graph built from placeholders (every
     per-step value a :func:`placeholder` TaskRef or, for ``step_values``, a
     :class:`StepValue` attribute), ``wanted`` the placeholder keys it must give out,
     ``optimize`` the task-graph optimizer (with step tasks spanning the group, and
-    without packing); ``fixed``: Futures the graph reads in every group. None when the
-    group does not become one task."""
+    without packing); ``fixed``: Futures the graph reads in every group; ``serial``: the
+    group's tiles run one after another on the task's thread
+    (:func:`~dfdl.taskgraph.step_tasks.run_serial`: a GPU worker's). None when the group
+    does not become one task."""
     dsk = optimize(lowered, wanted)
     groups = [k for k, v in dsk.items() if type(v) is Task and v.func is run_local]
     if len(groups) != 1:
@@ -134,7 +138,7 @@ def compile_group(
     # per-run values no member reads as an input: they only need to be in the task's values
     task = Task(
         g,
-        run_local,
+        run_serial if serial else run_local,
         tasks,
         deps,
         outs,
@@ -143,12 +147,11 @@ def compile_group(
         *(TaskRef(k) for k in step_values),
     )
     packed = pack_bodies({g: task}, min_bytes=0)[g]
-    if packed.func is run_local:  # the standard pickle cannot take it: no program
+    if packed.func is task.func:  # the standard pickle cannot take it: no program
         return None
-    run_packed, blob, buffers, names = packed.func, *packed.args[:3]
-    return Program(
-        (run_packed, blob, buffers, names), tuple(names), constants, exports, dict(fixed or {})
-    )
+    blob, buffers, names = packed.args[:3]
+    body = (run_cached, uuid.uuid4().hex, blob, buffers, names)
+    return Program(body, tuple(names), constants, exports, dict(fixed or {}))
 
 
 def instantiate(

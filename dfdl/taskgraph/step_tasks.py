@@ -168,6 +168,48 @@ def _acyclic(deps: Mapping, slot: Mapping) -> bool:
     return True
 
 
+def run_serial(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values) -> Outputs:
+    """:func:`run_local` on this thread alone: the tasks one after another in priority
+    order, each value dropped after its last reader. For a GPU worker, whose kernels
+    queue on one stream: threads there would only take turns at the GIL.
+
+    Example:
+        >>> from dask.task_spec import Task, TaskRef
+        >>> run_serial((Task("b", abs, TaskRef("a")), Task("a", min, TaskRef("x"), 0)),
+        ...            ((1,), ()), (0,), ("x",), -5)
+        (5,)
+    """
+    n = len(tasks)
+    cache = dict(zip(outside, values, strict=True))
+    STEP_VALUES.values = cache
+    waiting = [len(d) for d in deps]
+    readers: list = [[] for _ in range(n)]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            readers[d].append(i)
+    left = [len(r) for r in readers]
+    kept = set(exports)
+    ready = [i for i in range(n) if not waiting[i]]
+    heapq.heapify(ready)
+    trace = gang.TRACE
+    while ready:
+        i = heapq.heappop(ready)
+        task = tasks[i]
+        start = time.time() if trace is not None else 0.0
+        cache[task.key] = task(cache)
+        if trace is not None:
+            trace.append((task.key, threading.current_thread().name, start, time.time()))
+        for d in deps[i]:
+            left[d] -= 1
+            if not left[d] and d not in kept:
+                del cache[tasks[d].key]
+        for r in readers[i]:
+            waiting[r] -= 1
+            if not waiting[r]:
+                heapq.heappush(ready, r)
+    return Outputs(cache[tasks[i].key] for i in exports)
+
+
 def run_local(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values) -> Outputs:
     """Runs a step's tasks in dependency order on this thread and the worker's gang
     helpers; returns the values of ``tasks[i]`` for ``i`` in ``exports``.

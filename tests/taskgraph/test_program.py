@@ -10,6 +10,7 @@ from distributed import Client
 
 import dfdl
 import dfdl.runtime.trainer as trainer
+import dfdl.taskgraph.program as program
 from dfdl.models import ZOO
 from dfdl.runtime.session import EngineOptions
 from dfdl.taskgraph.optimize import GraphOptions
@@ -43,9 +44,15 @@ def _data(name: str, kw: dict, n: int):
     return X, np.random.default_rng(2).integers(0, classes, size=(n,), dtype=np.int64)
 
 
+@pytest.mark.parametrize("serial", [False, True], ids=["threads", "serial"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_programs_train_to_the_same_bits_and_compile_once(name, one_worker, monkeypatch):
+def test_programs_train_to_the_same_bits_and_compile_once(name, serial, one_worker, monkeypatch):
     kw, optimizer = MODELS[name]
+    if serial:  # as a GPU worker runs them: the tiles one after another on the task's thread
+        real = program.compile_group
+        monkeypatch.setattr(
+            program, "compile_group", lambda *a, **k: real(*a, **{**k, "serial": True})
+        )
     X, y = _data(name, kw, 40)  # 10 steps of 4: groups of 4, 4 and 2
     common = dict(data=(X, y), batch_size=4, epochs=1, shuffle=False, client=one_worker)
     plain = dfdl.train(ZOO[name](**kw), optimizer=optimizer(), **common)

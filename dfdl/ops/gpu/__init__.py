@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from dfdl.ops.gpu import device, kernels, layout, nn  # noqa: F401  (kernels register)
+from dfdl.ops.gpu import batch_norm, conv, device, kernels, layout, nn, pool  # noqa: F401
 from dfdl.ops.registry import device_dispatch
 
 device_dispatch("gpu", device.dispatch)

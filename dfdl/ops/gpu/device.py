@@ -32,6 +32,12 @@ def is_device_array(x: Any) -> bool:
     return type(x).__module__.split(".", 1)[0] == "cupy"
 
 
+def namespace(x: Any):
+    """The array module of ``x``: cupy for a device array, else numpy (helpers written
+    once for both, as the kernels' shape plumbing is)."""
+    return cupy() if is_device_array(x) else np
+
+
 def to_device(x: Any) -> Any:
     """``x`` as a device array (a device array as it is; None stays None)."""
     if x is None or is_device_array(x):

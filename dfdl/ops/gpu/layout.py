@@ -1,5 +1,5 @@
-"""cupy kernels of the layout ops a transformer's step runs on its activations: Transpose,
-Slice and Gather with their gradients. Their results are new C-ordered arrays (not
+"""cupy kernels of the layout ops a step runs on its activations: Transpose, Slice and
+Gather with their gradients, Flatten, Concat and Split. Their results are new C-ordered arrays (not
 views), so a tile's layout, and with it every later kernel's rounding, is the same in
 every run.
 
@@ -90,3 +90,26 @@ def gather_grad(dY, indices, *, axis, data_shape):
     one_hot = (idx[:, None] == cp.arange(shape[0])[None, :]).astype(dy.dtype)
     rows = dy.reshape(idx.size, -1)
     return cp.matmul(one_hot.T, rows).reshape(shape)
+
+
+@kernel("Flatten", "gpu", accepts=_any)
+def flatten(input, *, target):
+    """``input`` as the 2-D shape ``target``."""
+    return cupy().ascontiguousarray(to_device(input)).reshape(target)
+
+
+def _all_arrays(*inputs, **attrs) -> bool:
+    return all(getattr(x, "dtype", None) == inputs[0].dtype for x in inputs)
+
+
+@kernel("Concat", "gpu", accepts=_all_arrays)
+def concat(*inputs, axis):
+    """``inputs`` joined along ``axis``."""
+    return cupy().concatenate([to_device(x) for x in inputs], axis=axis)
+
+
+@kernel("Split", "gpu", accepts=_any)
+def split(input, split=None, *, axis, cuts):
+    """``input`` cut along ``axis`` at ``cuts``, each part a new C-ordered array."""
+    cp = cupy()
+    return tuple(cp.ascontiguousarray(p) for p in cp.split(to_device(input), list(cuts), axis=axis))
