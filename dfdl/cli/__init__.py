@@ -24,9 +24,20 @@ import sys
 from collections.abc import Sequence
 
 from dfdl.cli import export, info, plan, train
-from dfdl.cli.common import DEBUG_HELP, EXIT_ERROR, Parser, add_debug
+from dfdl.cli.common import (
+    DEBUG_HELP,
+    EXIT_ERROR,
+    INTERRUPTED,
+    Parser,
+    add_debug,
+    end_quiet_loading,
+    interrupt_quietly_while_loading,
+)
 
 __all__ = ["build_parser", "main"]
+
+# ``python -m dfdl`` imports this before dfdl's pipeline (dfdl/__init__.py)
+interrupt_quietly_while_loading()
 
 
 def build_parser() -> Parser:
@@ -62,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dfdl.errors import DfdlError
 
     try:
+        end_quiet_loading()
         return args.func(args)
     except (DfdlError, OSError) as e:
         if args.debug:
@@ -76,5 +88,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # now, not at the interpreter's exit, after the client's thread pool has closed
         close_embedded(quiet=True)
-        print("dfdl: interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
