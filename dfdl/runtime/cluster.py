@@ -362,7 +362,10 @@ def _restart_safe_local_cluster():
 
     class RestartSafeLocalCluster(LocalCluster):
         async def _start(self):
-            _spawn_workers_deaf_to_interrupts()
+            if isinstance(self.new_spec.get("cls"), type) and issubclass(
+                self.new_spec["cls"], Nanny
+            ):
+                _spawn_workers_deaf_to_interrupts()
             # LocalCluster names distributed's Scheduler; its HTTP server always listens
             if self.scheduler_spec.get("cls") is Scheduler:
                 self.scheduler_spec = {**self.scheduler_spec, "cls": DfdlScheduler}
