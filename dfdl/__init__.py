@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 # first: under ``python -m dfdl``, a Ctrl-C while the imports below run is one line
-from dfdl import cli  # noqa: F401
+from dfdl import interrupts  # noqa: F401
 
 # isort: split
 from dfdl import cluster, errors, optim

@@ -24,20 +24,9 @@ import sys
 from collections.abc import Sequence
 
 from dfdl.cli import export, info, plan, train
-from dfdl.cli.common import (
-    DEBUG_HELP,
-    EXIT_ERROR,
-    INTERRUPTED,
-    Parser,
-    add_debug,
-    end_quiet_loading,
-    interrupt_quietly_while_loading,
-)
+from dfdl.cli.common import DEBUG_HELP, EXIT_ERROR, Parser, add_debug
 
 __all__ = ["build_parser", "main"]
-
-# ``python -m dfdl`` imports this before dfdl's pipeline (dfdl/__init__.py)
-interrupt_quietly_while_loading()
 
 
 def build_parser() -> Parser:
@@ -71,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     from dfdl.errors import DfdlError
+    from dfdl.interrupts import INTERRUPTED, end_quiet_loading
 
     try:
         end_quiet_loading()

@@ -10,9 +10,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
-import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,8 +21,6 @@ DEFAULT_LR = {"sgd": 0.01, "adam": 1e-3, "adamw": 1e-3}
 OPTIMIZERS = tuple(DEFAULT_LR)
 
 DEBUG_HELP = "show the full traceback of an error"
-#: what the command prints to stderr on Ctrl-C, before it exits with status 130
-INTERRUPTED = "dfdl: interrupted"
 TILES_HELP = (
     "tiling: auto (default), uneven, or batch=B,model=M,space=S[,min_weight_tile=BYTES]"
     "[,split_norms=1]"
@@ -43,51 +38,6 @@ class Parser(argparse.ArgumentParser):
             >>> Parser(prog="dfdl").error("bad flag")  # doctest: +SKIP
         """
         self.exit(EXIT_ERROR, f"dfdl: error: {message} (see '{self.prog} --help')\n")
-
-
-# ------------------------------------------------------------------------- Ctrl-C
-
-
-def _interrupted_while_loading(signum, frame) -> NoReturn:
-    print(INTERRUPTED, file=sys.stderr)
-    raise SystemExit(130)
-
-
-def interrupt_quietly_while_loading() -> bool:
-    """When this process is ``python -m dfdl`` without ``--debug``, still importing its
-    package, make a Ctrl-C that comes while dfdl, numpy and Dask import (about 1.5 s,
-    before :func:`dfdl.cli.main` catches interrupts) print the one line
-    :data:`INTERRUPTED` and exit with status 130, not a traceback of the import it cut;
-    returns whether it did. A SIGINT ignored or handled by someone else stays so.
-    :func:`end_quiet_loading` hands Ctrl-C back.
-
-    Example:
-        >>> interrupt_quietly_while_loading()  # in pytest, not ``python -m dfdl``
-        False
-    """
-    argv = sys.orig_argv
-    # while ``python -m`` imports the package of the module it runs, sys.argv[0] is "-m"
-    command = sys.argv[:1] == ["-m"] and "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "dfdl"
-    if (
-        not command
-        or "--debug" in argv
-        or threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        return False
-    signal.signal(signal.SIGINT, _interrupted_while_loading)
-    return True
-
-
-def end_quiet_loading() -> None:
-    """Give Ctrl-C back to Python (a ``KeyboardInterrupt``) where
-    :func:`interrupt_quietly_while_loading` took it.
-
-    Example:
-        >>> end_quiet_loading()
-    """
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ------------------------------------------------------------------------ flag values
