@@ -13,6 +13,10 @@ Example:
 
 from __future__ import annotations
 
+# first: under ``python -m dfdl``, a Ctrl-C while the imports below run is one line
+from dfdl import interrupts  # noqa: F401
+
+# isort: split
 from dfdl import cluster, errors, optim
 from dfdl.api import load, plan, run, train, training_graph
 from dfdl.onnx_backend import DfdlBackend

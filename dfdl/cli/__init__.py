@@ -60,8 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     from dfdl.errors import DfdlError
+    from dfdl.interrupts import INTERRUPTED, end_quiet_loading
 
     try:
+        end_quiet_loading()
         return args.func(args)
     except (DfdlError, OSError) as e:
         if args.debug:
@@ -76,5 +78,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # now, not at the interpreter's exit, after the client's thread pool has closed
         close_embedded(quiet=True)
-        print("dfdl: interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130

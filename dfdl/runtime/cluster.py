@@ -35,6 +35,7 @@ import functools
 import gc
 import logging
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -315,6 +316,30 @@ class DfdlNanny(Nanny):
         super().__init__(*args, worker_class=worker_class or DfdlWorker, **kwargs)
 
 
+def _spawn_workers_deaf_to_interrupts() -> None:
+    """Block SIGINT in this thread when it is not the main thread (a synchronous cluster's
+    event loop), for good: the threads it starts, the nannies' process starters among
+    them, inherit the block and so do the worker processes they spawn, through exec.
+
+    A terminal's Ctrl-C reaches every process of the foreground group. A worker process
+    still starting (importing distributed and dfdl, about 1.5 s, before the worker setup
+    ignores SIGINT) would die of it with a traceback; blocked, the signal waits and is
+    dropped once the setup ignores it (multiprocessing starts its resource tracker so,
+    bpo-33613). The command's main thread keeps SIGINT and closes the cluster, the nanny
+    its worker. SIG_IGN would reach the children too, but it holds for the whole process
+    and only the main thread may set it. The resource tracker starts first: starting, it
+    unblocks SIGINT in the thread that starts it (the first nanny's, here).
+    """
+    if threading.current_thread() is threading.main_thread() or not hasattr(
+        signal, "pthread_sigmask"
+    ):
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 @functools.cache
 def _restart_safe_local_cluster():
     """``distributed.LocalCluster`` whose workers stay in ``cluster.workers`` across
@@ -337,6 +362,10 @@ def _restart_safe_local_cluster():
 
     class RestartSafeLocalCluster(LocalCluster):
         async def _start(self):
+            if isinstance(self.new_spec.get("cls"), type) and issubclass(
+                self.new_spec["cls"], Nanny
+            ):
+                _spawn_workers_deaf_to_interrupts()
             # LocalCluster names distributed's Scheduler; its HTTP server always listens
             if self.scheduler_spec.get("cls") is Scheduler:
                 self.scheduler_spec = {**self.scheduler_spec, "cls": DfdlScheduler}

@@ -1,5 +1,6 @@
-"""What every ``dfdl`` command shares: help, version, one-line errors, ``--debug``, the
-flag values, and imports that keep ``dfdl --help`` fast."""
+"""What every ``dfdl`` command shares: help, version, ``--debug``, the flag values, and
+imports that keep ``dfdl --help`` fast. Its one-line errors are the command-line rows of
+the bad-input table, ``tests/test_bad_input.py``."""
 
 from __future__ import annotations
 
@@ -54,66 +55,7 @@ def test_the_commands_import_the_pipeline_only_when_they_run():
                 ), f"{path.name} imports {name} at module level"
 
 
-# ---- errors --------------------------------------------------------------------------------
-
-ERRORS = {
-    "missing model": ("info", "missing.onnx"),
-    "missing model (train)": ("train", "missing.onnx", "--data", "data.npz", "-o", "o.onnx"),
-    "missing data": ("train", "mlp.onnx", "--data", "missing.npz", "-o", "o.onnx"),
-    "garbage model": ("info", "bad.onnx"),
-    "garbage model (train)": ("train", "bad.onnx", "--data", "data.npz", "-o", "o.onnx"),
-    "garbage data": ("train", "mlp.onnx", "--data", "bad.npz", "-o", "o.onnx"),
-    "unsupported op (plan)": ("plan", "unique.onnx", "--batch-size", "2"),
-    "symbolic batch without --batch-size": ("plan", "mlp.onnx"),
-    "unknown flag": ("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--bogus"),
-    "missing flag": ("train", "mlp.onnx", "-o", "o.onnx"),
-    "bad flag value": ("plan", "mlp.onnx", "--tiles", "rows=3"),
-    "bad number": ("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--lr", "fast"),
-    "bad hyperparameter": ("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--lr=-1"),
-    "unknown command": ("fit", "mlp.onnx"),
-    "output folder missing": ("train", "mlp.onnx", "--data", "data.npz", "-o", "no/o.onnx"),
-    "output is a folder": ("train", "mlp.onnx", "--data", "data.npz", "-o", "."),
-    "output under /proc": ("train", "mlp.onnx", "--data", "data.npz", "-o", "/proc/o.onnx"),
-    "output empty (export)": ("export-training-graph", "mlp.onnx", "-o", ""),
-    "unknown loss": ("export-training-graph", "mlp.onnx", "-o", "t.onnx", "--loss", "hinge"),
-    "bad memory limit": ("plan", "mlp.onnx", "--batch-size", "4", "--memory-limit", "lots"),
-    "recompute without training": ("plan", "mlp.onnx", "--batch-size", "4", "--recompute"),
-    "bad memory mode": ("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--memory", "x"),
-    "memory limit too small": (
-        "plan",
-        "mlp.onnx",
-        "--batch-size",
-        "4",
-        "--training",
-        "--memory-limit",
-        "16B",
-    ),
-    "no workers": ("plan", "mlp.onnx", "--batch-size", "4", "--workers", "0"),
-}
-
-
-@pytest.mark.parametrize("args", list(ERRORS.values()), ids=list(ERRORS))
-def test_errors_are_one_line(work, args):
-    r = dfdl_cli(*args, cwd=work)
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("dfdl: error: ")
-    assert not (work / "o.onnx").exists()
-
-
-def test_error_messages_name_the_problem(work):
-    r = dfdl_cli("info", "missing.onnx", cwd=work)
-    assert "missing.onnx does not exist" in r.stderr
-    r = dfdl_cli("plan", "unique.onnx", "--batch-size", "2", cwd=work)
-    assert "Unique" in r.stderr
-    r = dfdl_cli("train", "mlp.onnx", "--data", "data.npz", "-o", "o.onnx", "--bogus", cwd=work)
-    assert "--bogus" in r.stderr
-    r = dfdl_cli("plan", "mlp.onnx", cwd=work)
-    assert "give --batch-size N" in r.stderr
-    r = dfdl_cli("plan", "mlp.onnx", "--batch-size", "4", "--workers", "0", cwd=work)
-    assert "--workers must be at least 1, not 0" in r.stderr
+# ---- --debug -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("where", ["before", "after"])

@@ -174,3 +174,19 @@ def torch_marked_model(folded: bool):
         value_info=vis,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def token_model(vocab: int = 7, seq: int = 5) -> onnx.ModelProto:
+    """A language model: tokens (N, T) -> embedding -> logits (N, T, vocab)."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Gather", ["embed", "tokens"], ["h"], name="embed_lookup"),
+        helper.make_node("MatMul", ["h", "head"], ["logits"], name="head_matmul"),
+    ]
+    inits = {
+        "embed": rng.standard_normal((vocab, 6)).astype(np.float32),
+        "head": rng.standard_normal((6, vocab)).astype(np.float32),
+    }
+    return make_model(
+        nodes, [vi("tokens", ["batch", seq], I64)], [vi("logits", ["batch", seq, vocab])], inits
+    )
