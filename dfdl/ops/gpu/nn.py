@@ -174,19 +174,24 @@ y = m ? x * scale : (T)0;
 """
 
 
+def _training(training_mode) -> bool:
+    return training_mode is not None and scalar(training_mode) != 0
+
+
 def _dropout_accepts(data, ratio=None, training_mode=None, **attrs) -> bool:
-    """Training mode with a ratio strictly between 0 and 1 (as the CPU kernel's; the
-    forward's other cases are copies or zeros)."""
+    """Any float tile but training mode with ratio 1 (all zeros: the forward's)."""
     rate = 0.5 if ratio is None else scalar(ratio)
-    training = training_mode is not None and scalar(training_mode) != 0
-    return floats(data) and data.ndim >= 1 and training and 0 < rate < 1
+    return floats(data) and data.ndim >= 1 and (not _training(training_mode) or rate < 1)
 
 
 @kernel("Dropout", "gpu", accepts=_dropout_accepts)
 def dropout(data, ratio=None, training_mode=None, *, rate, key, row_base):
-    """(output, mask), the mask the CPU's bit for bit (same hash of the same indices)."""
+    """(output, mask), the mask the CPU's bit for bit (same hash of the same indices);
+    outside training, or at ratio 0, the input itself and a mask of ones (the forward's)."""
     cp = cupy()
     x = to_device(data)
+    if not _training(training_mode) or rate == 0:
+        return x, cp.ones(x.shape, dtype=np.bool_)
     base = cp.asarray(row_base).reshape(*x.shape[:-1], 1)
     k = elementwise(
         "dropout",
