@@ -414,41 +414,63 @@ def parse_memory(value, name: str = "memory_limit") -> int | None:
     return n
 
 
+def gpu_workers(client) -> list[str]:
+    """Addresses of the client's workers that declare a ``GPU`` resource, sorted.
+
+    Example:
+        >>> gpu_workers(Client(dfdl.LocalCluster()))  # doctest: +SKIP
+        []
+    """
+    workers = client.scheduler_info()["workers"]
+    return sorted(a for a, w in workers.items() if (w.get("resources") or {}).get("GPU", 0) > 0)
+
+
 def workers_device(client) -> str:
-    """Where the client's workers run tile kernels: ``"gpu"`` when every worker declares
-    a ``GPU`` resource (``dfdl.LocalCluster(gpus=N)``, ``dfdl.cluster.slurm(gpus=N)``),
-    ``"cpu"`` when none does.
+    """Where the client's workers run a training's tile kernels: ``"gpu"`` when some
+    workers declare a ``GPU`` resource (``dfdl.LocalCluster(gpus=N)``,
+    ``dfdl.cluster.slurm(gpus=N)``; on a cluster that also has CPU workers the training
+    runs on the GPU workers, :func:`placement`), ``"cpu"`` when none does.
 
     Raises:
-        ConfigError: some workers have a GPU and others not (a hybrid cluster's tasks
-            are not yet placed by resource: train on a cluster of one kind).
+        ConfigError: workers declare a GPU but cannot run cupy kernels.
 
     Example:
         >>> workers_device(Client(dfdl.LocalCluster()))  # doctest: +SKIP
         'cpu'
     """
-    workers = client.scheduler_info()["workers"]
-    gpu = sorted(a for a, w in workers.items() if (w.get("resources") or {}).get("GPU", 0) > 0)
+    gpu = gpu_workers(client)
     if not gpu:
         return "cpu"
-    if len(gpu) < len(workers):
-        cpu = sorted(set(workers) - set(gpu))
-        raise ConfigError(
-            f"the cluster mixes {len(gpu)} GPU worker(s) ({', '.join(gpu[:3])}) and "
-            f"{len(cpu)} without a GPU ({', '.join(cpu[:3])}); dfdl does not yet place a "
-            "training's tasks by resource: train on a cluster whose workers all have a GPU "
-            "(resources={'GPU': 1}) or none"
-        )
-    problems = {a: p for a, p in client.run(_gpu_problem).items() if p}
+    problems = {a: p for a, p in client.run(_gpu_problem, workers=gpu).items() if p}
     if problems:
         addr, problem = sorted(problems.items())[0]
         raise ConfigError(
-            f"{len(problems)} of the {len(workers)} workers declare a GPU but cannot run "
-            f"GPU kernels (worker {addr}: {problem}); install the gpu extra on the GPU "
+            f"{len(problems)} of the {len(gpu)} workers that declare a GPU cannot run GPU "
+            f"kernels (worker {addr}: {problem}); install the gpu extra on the GPU "
             "nodes (pip install 'dfdl[gpu]', cupy for the node's CUDA) or start the "
             "workers without the GPU resource"
         )
     return "gpu"
+
+
+def placement(client, device: str) -> dict:
+    """Where a training's tasks and scattered tiles go: on a cluster that mixes GPU and
+    CPU workers, training on the GPUs (``device`` ``"gpu"``), ``{"resources": {"GPU":
+    1}, "workers": [the GPU workers]}`` (tasks by resource, which workers that restart or
+    join keep; scatters to the GPU workers of the moment); ``{}`` everywhere else, where
+    the scheduler may place anything on any worker.
+
+    Example:
+        >>> placement(Client(dfdl.LocalCluster()), "cpu")  # doctest: +SKIP
+        {}
+    """
+    if device != "gpu":
+        return {}
+    workers = client.scheduler_info()["workers"]
+    gpu = gpu_workers(client)
+    if len(gpu) == len(workers):
+        return {}
+    return {"resources": {"GPU": 1}, "workers": gpu}
 
 
 def _gpu_problem() -> str | None:

@@ -48,6 +48,8 @@ from dfdl.runtime.cluster import (
     connect,
     default_workers,
     embedded_memory_limit,
+    gpu_workers,
+    placement,
     total_threads,
     worker_memory_config,
     worker_memory_limit,
@@ -413,7 +415,7 @@ class TrainingSession:
         cores = total_threads(client) if client is not None else default_workers()
         if device == "gpu":  # a GPU runs a tile's kernels one after another on one stream:
             # tiles for more threads would only mean more launches and partial sums
-            cores = len(client.scheduler_info()["workers"])
+            cores = len(gpu_workers(client))
         workers = Workers(
             cores=cores,
             memory_limit=(
@@ -619,10 +621,11 @@ class _Run:
         """Train from the anchor to the end of the schedule; the final carried values."""
         s, c, cfg, tg = self.session, self.client, self.session.config, self.tg
         timings = s.timings
-        state = ClusterState.scatter(c, self.anchor.arrays, self.first.plan.chunks)
+        place = placement(c, self.workers.device)
+        state = ClusterState.scatter(c, self.anchor.arrays, self.first.plan.chunks, place)
         token = new_token()
         self.reporter.token(token)
-        constants = Constants(c)
+        constants = Constants(c, place)
         anchors = AnchorPolicy()
         group: list[StepInput] = []
         for i, (step, epoch, idx) in enumerate(self.schedule):

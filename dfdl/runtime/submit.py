@@ -35,14 +35,22 @@ def _expression(dsk: Mapping):
     return LLGExpr(dsk, _determ_token=f"dfdl-{uuid.uuid4().hex}")
 
 
-def get(client, dsk: Mapping, keys: Sequence[Hashable], sync: bool = False):
-    """``client.get(dsk, keys, sync=sync)`` without hashing the graph's tasks.
+def get(
+    client,
+    dsk: Mapping,
+    keys: Sequence[Hashable],
+    sync: bool = False,
+    resources: Mapping | None = None,
+):
+    """``client.get(dsk, keys, sync=sync, resources=resources)`` without hashing the
+    graph's tasks.
 
     Args:
         client: a ``distributed.Client``.
         dsk: a task graph of ``dask.task_spec`` nodes.
         keys: the keys to compute.
         sync: wait for and return the results (else futures).
+        resources: worker resources every task needs (``{"GPU": 1}``), or None.
 
     Returns:
         What ``Client.get`` returns: futures (``sync=False``) or results, in the order
@@ -55,4 +63,4 @@ def get(client, dsk: Mapping, keys: Sequence[Hashable], sync: bool = False):
     """
     graph = _expression(dsk)
     with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 TiB"}):
-        return client.get(graph, list(keys), sync=sync)
+        return client.get(graph, list(keys), sync=sync, resources=resources)

@@ -62,9 +62,20 @@ class ClusterState:
     keep: list = field(default_factory=list)
     #: the workers' device: values on a GPU worker are copied to the host to be gathered
     device: str = "cpu"
+    #: where the training's tasks and scattered tiles go (:func:`dfdl.runtime.cluster.placement`)
+    placement: dict = field(default_factory=dict)
 
     @classmethod
-    def scatter(cls, client, values: Mapping[str, np.ndarray], chunks: Mapping[str, tuple]):
+    def scatter(
+        cls,
+        client,
+        values: Mapping[str, np.ndarray],
+        chunks: Mapping[str, tuple],
+        placement: Mapping | None = None,
+    ):
+        """The tiles of ``values`` in ``chunks`` scattered to the workers (to the GPU
+        workers of a hybrid cluster, ``placement``), in batches of a share of the
+        workers' memory."""
         data, where = {}, {}
         token = new_token()
         for name, v in values.items():
@@ -74,12 +85,13 @@ class ClusterState:
                 where[(name, idx)] = key
         # in batches a share of the workers' memory: each batch can be spilled before the next
         keys = list(data)
+        workers = (placement or {}).get("workers")
         futures = {}
         for part in byte_batches([data[k].nbytes for k in keys], transfer_budget(client)):
             if len(part):
                 try:
                     batch = {keys[i]: data[keys[i]] for i in part}
-                    futures.update(client.scatter(batch, hash=False))
+                    futures.update(client.scatter(batch, hash=False, workers=workers))
                 except TimeoutError:  # the scheduler found no running worker to take them
                     workers = client.scheduler_info()["workers"]
                     paused = {a: w for a, w in workers.items() if w.get("status") == "paused"}
@@ -89,7 +101,8 @@ class ClusterState:
         refs: dict[str, dict] = {n: {} for n in values}
         for (name, idx), key in where.items():
             refs[name][idx] = futures[key]
-        return cls(refs, {n: chunks[n] for n in values}, list(futures.values()))
+        kept = list(futures.values())
+        return cls(refs, {n: chunks[n] for n in values}, kept, placement=dict(placement or {}))
 
     def gather(self, client, types) -> dict[str, np.ndarray]:
         """The carried tensors as numpy arrays, gathered in batches of a share of each
@@ -112,7 +125,12 @@ class ClusterState:
             batch = [flat[i] for i in part]
             wanted = [futures[i] for i in part]
             if self.device != "cpu":
-                wanted = client.map(to_host, wanted, key=[f"to-host-{f.key}" for f in wanted])
+                wanted = client.map(
+                    to_host,
+                    wanted,
+                    key=[f"to-host-{f.key}" for f in wanted],
+                    resources=self.placement.get("resources"),
+                )
             got = client.gather(wanted)
             for (name, idx, r), v in zip(batch, got):
                 if name not in out:
@@ -121,7 +139,9 @@ class ClusterState:
         return out
 
 
-def _batch_sources(plan: Plan, arrays: Mapping[str, Any], step: int, client, dsk, keep, token: str):
+def _batch_sources(
+    plan: Plan, arrays: Mapping[str, Any], step: int, client, dsk, keep, token: str, workers=None
+):
     """Batch tiles: embedded data, scattered data, or tasks reading rows on a worker."""
     sources = {}
     big = {}
@@ -145,7 +165,7 @@ def _batch_sources(plan: Plan, arrays: Mapping[str, Any], step: int, client, dsk
             refs[idx] = TaskRef(key)
         sources[name] = refs
     if big:
-        futures = client.scatter(big, hash=False)
+        futures = client.scatter(big, hash=False, workers=workers)
         keep.extend(futures.values())
         for refs in sources.values():
             for idx, r in refs.items():
@@ -207,7 +227,9 @@ def run_steps(
         sp = plans(len(next(iter(s.arrays.values()))))
         used[id(sp)] = sp
         tg, plan = sp.tg, sp.plan
-        sources = _batch_sources(plan, s.arrays, s.step, client, dsk, keep, token)
+        sources = _batch_sources(
+            plan, s.arrays, s.step, client, dsk, keep, token, state.placement.get("workers")
+        )
         for name, value in s.scalars.items():
             if name not in plan.chunks:  # read by no node (Adam gets lr via step_size)
                 continue
@@ -259,7 +281,8 @@ def run_steps(
         options=options,
     )
     t1 = time.perf_counter()
-    futures = dict(zip(wanted, submit.get(client, dsk, wanted, sync=False)))
+    resources = state.placement.get("resources")
+    futures = dict(zip(wanted, submit.get(client, dsk, wanted, resources=resources)))
     if timings is not None:
         timings["graph_s"] = timings.get("graph_s", 0.0) + t1 - t0
         timings["submit_s"] = timings.get("submit_s", 0.0) + time.perf_counter() - t1
@@ -268,7 +291,7 @@ def run_steps(
         for name, tiles in refs.items()
     }
     losses = [(step, (futures[k], pos)) for step, (k, pos) in loss_keys]
-    return ClusterState(new_refs, chunks, keep, device), losses
+    return ClusterState(new_refs, chunks, keep, device, state.placement), losses
 
 
 def _pick(value: Any, pos: int | None, host: bool) -> Any:
@@ -314,7 +337,9 @@ def _run_program(client, plans, steps, state, constants, seed, token, options, d
         pos = export(program.placeholder(ptok, "loss", j))
         dsk[lk] = Task(lk, operator.getitem, TaskRef(key), pos)
         loss_keys.append(lk)
-    futures = dict(zip([key, *loss_keys], submit.get(client, dsk, [key, *loss_keys], sync=False)))
+    wanted = [key, *loss_keys]
+    resources = state.placement.get("resources")
+    futures = dict(zip(wanted, submit.get(client, dsk, wanted, resources=resources)))
     last = len(steps) - 1
     refs = {
         name: {
@@ -325,7 +350,7 @@ def _run_program(client, plans, steps, state, constants, seed, token, options, d
     }
     chunks = dict(out_chunks)
     losses = [(s.step, (futures[lk], None)) for s, lk in zip(steps, loss_keys)]
-    return ClusterState(refs, chunks, list(futures.values()), device), losses
+    return ClusterState(refs, chunks, list(futures.values()), device, state.placement), losses
 
 
 def _compile_program(client, sps, steps, state, constants, options, device):
@@ -418,8 +443,9 @@ class Constants:
     back, see :mod:`dfdl.runtime.recovery`).
     """
 
-    def __init__(self, client):
+    def __init__(self, client, placement: Mapping | None = None):
         self.client = client
+        self.placement = placement
         self.token = new_token()
         self.cache: dict[tuple, dict] = {}
         self.embedded: dict[tuple, dict] = {}
@@ -433,7 +459,7 @@ class Constants:
             tiles = split_tiles(np.asarray(value), chunks)
             if max(t.nbytes for t in tiles.values()) > EMBED_BYTES:
                 self.cache[key] = ClusterState.scatter(
-                    self.client, {name: value}, {name: chunks}
+                    self.client, {name: value}, {name: chunks}, self.placement
                 ).refs[name]
                 return self.cache[key]
             base = task_name(f"{name}-const-{len(self.embedded)}", self.token)

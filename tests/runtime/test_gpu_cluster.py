@@ -11,13 +11,14 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client
+from distributed import Client, get_task_stream
 
 import dfdl
 from dfdl.errors import ConfigError
 from dfdl.models import ZOO
-from dfdl.runtime.cluster import visible_gpus, workers_device
+from dfdl.runtime.cluster import gpu_workers, placement, visible_gpus, workers_device
 from dfdl.runtime.worker_setup import GPU_LIST_ENV
+from tests.ops.gpu.standin import PATH as STANDIN
 
 
 def _has_cupy_gpu() -> bool:
@@ -42,30 +43,55 @@ def test_workers_that_declare_a_gpu_they_cannot_use_are_refused_before_training(
         dfdl.LocalCluster(1, resources={"GPU": 1}) as cluster,
         Client(cluster) as client,
     ):
-        with pytest.raises(ConfigError, match="declare a GPU but cannot run GPU kernels") as e:
+        with pytest.raises(ConfigError, match="declare a GPU cannot run GPU kernels") as e:
             dfdl.train(ZOO["mlp"](sizes=(4, 8, 3)), data=(x, y), batch_size=8, client=client)
         assert "gpu extra" in str(e.value) and "cupy" in str(e.value).lower()
         assert not client.who_has()  # nothing was computed or scattered
 
 
-def test_a_cluster_mixing_gpu_and_cpu_workers_is_refused():
+def test_a_cluster_mixing_gpu_and_cpu_workers_trains_on_its_gpu_workers(client):
+    """A CPU worker of dfdl's and a plain ``dask worker --resources GPU=1`` that imports
+    the cupy stand-in (tests/ops/gpu/standin): every task of the training runs on the GPU
+    worker, the weights are scattered there, and the losses are a CPU cluster's."""
+    x = np.random.default_rng(0).standard_normal((48, 6)).astype(np.float32)
+    y = np.arange(48) % 3
+    kw = dict(data=(x, y), batch_size=8, epochs=1, shuffle=False, seed=1)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(STANDIN), os.getcwd(), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     with (
         dfdl.LocalCluster(1, security=False) as cluster,
-        Client(cluster) as client,
+        Client(cluster) as hybrid,
     ):
         extra = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address]
-            + ["--nthreads", "1", "--resources", "GPU=1", "--no-dashboard"],
+            + ["--nthreads", "2", "--resources", "GPU=1", "--no-dashboard"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=env,
         )
         try:
-            client.wait_for_workers(2, timeout=60)
-            with pytest.raises(ConfigError, match="mixes 1 GPU worker"):
-                workers_device(client)
+            hybrid.wait_for_workers(2, timeout=60)
+            (gpu,) = gpu_workers(hybrid)
+            assert workers_device(hybrid) == "gpu"
+            assert placement(hybrid, "gpu") == {"resources": {"GPU": 1}, "workers": [gpu]}
+            with get_task_stream(hybrid) as stream:
+                got = dfdl.train(ZOO["mlp"](sizes=(6, 16, 3)), client=hybrid, **kw)
+            ran_on = {r["worker"] for r in stream.data}
+            assert stream.data and ran_on == {gpu}, ran_on
         finally:
             extra.terminate()
             extra.wait(30)
+    want = dfdl.train(ZOO["mlp"](sizes=(6, 16, 3)), client=client, **kw)
+    np.testing.assert_allclose(got.history["loss"], want.history["loss"], rtol=1e-5)
+
+
+def test_a_cluster_without_gpu_workers_has_no_placement():
+    with dfdl.LocalCluster(1, dashboard_address=None) as cluster, Client(cluster) as client:
+        assert placement(client, workers_device(client)) == {}
 
 
 def _worker_gpu(dask_worker) -> tuple:

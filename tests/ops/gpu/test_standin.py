@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +21,8 @@ from dfdl.models import ZOO
 from dfdl.ops import REGISTRY
 from dfdl.ops.gpu import device
 from dfdl.ops.gpu.kernels import elementwise
+from tests.ops.gpu.standin import PATH as STANDIN
 from tests.ops.test_registry import RUNNABLE, _present, assert_matches
-
-STANDIN = Path(__file__).parent / "standin"
 
 
 @pytest.fixture(scope="module")
