@@ -3,8 +3,9 @@
 ``/dfdl`` shows, live, for the latest training on the scheduler: the loss curve (training
 per step, validation per epoch), samples/s, each step's worker time split into compute,
 transfer, spill and idle, and the bytes each worker holds spilled on disk; a table
-lists every training the scheduler has seen with its current step. ``/dfdl/json``
-serves the same data (see :mod:`dfdl.runtime.monitor` for where it comes from).
+lists every training the scheduler has seen with its current step, and another each
+worker's device (GPU or CPU), the device memory its arrays hold and its spilled bytes.
+``/dfdl/json`` serves the same data (see :mod:`dfdl.runtime.monitor` for where it comes from).
 
 Installing the page: ``dfdl.LocalCluster(..., dashboard_address=...)`` and
 ``dfdl.cluster.slurm`` do it themselves (their schedulers run in this process). For a
@@ -39,6 +40,7 @@ def _page(scheduler, extra, doc) -> None:
     split = ColumnDataSource({"step": [], **{p: [] for p in parts}}, name="dfdl-split")
     spill = ColumnDataSource({"worker": [], "bytes": []}, name="dfdl-spill")
     table = Div(text="<p>No dfdl training has reported to this scheduler yet.</p>")
+    devices = Div(text="")
 
     kw = {"sizing_mode": "stretch_width", "height": 280, "tools": "pan,wheel_zoom,reset,save"}
     f_loss = figure(title="Loss", x_axis_label="step", **kw)
@@ -77,6 +79,7 @@ def _page(scheduler, extra, doc) -> None:
                 p: [r[p] for r in rows[-100:]] for p in parts
             }
             table.text = _runs_table(snap["runs"])
+        devices.text = workers_table(snap.get("workers", {}))
         workers = sorted(snap["spilled_bytes"])
         f_spill.y_range.factors = workers
         spill.data = {"worker": workers, "bytes": [snap["spilled_bytes"][w] for w in workers]}
@@ -86,7 +89,8 @@ def _page(scheduler, extra, doc) -> None:
     doc.title = "Dask: dfdl training"
     doc.add_root(
         column(table, row(f_loss, f_speed, sizing_mode="stretch_width"),
-               row(f_split, f_spill, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+               row(f_split, f_spill, sizing_mode="stretch_width"), devices,
+               sizing_mode="stretch_width")
     )  # fmt: skip
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)
@@ -108,6 +112,42 @@ def _runs_table(runs: list[dict]) -> str:
             f"<td>{sps}</td><td>{last}</td><td>{r['rollbacks']}</td></tr>"
         )
     return f"<h3>dfdl trainings</h3><table>{head}{''.join(body)}</table>"
+
+
+def _bytes(n) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def workers_table(workers: dict) -> str:
+    """The page's table of workers: each one's device (``gpu N`` or ``cpu``), the device
+    memory its arrays hold, and its bytes spilled to disk (on a GPU worker, device tiles
+    that went through the host to disk).
+
+    Example:
+        >>> "gpu 0" in workers_table({"tls://w": {"device": "gpu", "gpu": "0",
+        ...     "device_memory_bytes": 3 * 2**20, "spilled_bytes": 0}})
+        True
+    """
+    from html import escape
+
+    head = "<tr><th>worker</th><th>device</th><th>device memory in use</th>"
+    head += "<th>spilled to disk</th></tr>"
+    body = []
+    for addr in sorted(workers):
+        w = workers[addr]
+        device = f"gpu {w['gpu']}" if w["device"] == "gpu" and w.get("gpu") else w["device"]
+        body.append(
+            f"<tr><td>{escape(addr)}</td><td>{escape(device)}</td>"
+            f"<td>{_bytes(w.get('device_memory_bytes'))}</td>"
+            f"<td>{_bytes(w.get('spilled_bytes'))}</td></tr>"
+        )
+    return f"<h3>Workers</h3><table>{head}{''.join(body)}</table>"
 
 
 def json_body(snapshot: dict) -> str:
@@ -137,7 +177,8 @@ def _json_handler():
     class DfdlJSON(RequestHandler):
         def get(self):
             monitor = monitor_of(self.server)
-            snap = monitor.snapshot() if monitor is not None else {"runs": [], "spilled_bytes": {}}
+            empty = {"runs": [], "spilled_bytes": {}, "workers": {}}
+            snap = monitor.snapshot() if monitor is not None else empty
             self.set_header("Content-Type", "application/json")
             self.write(json_body(snap))
 

@@ -128,7 +128,10 @@ class TrainingMonitor(SchedulerPlugin):
             run["status"] = msg.get("status", "done")
 
     def snapshot(self) -> dict:
-        """Every run's progress and the workers' spilled bytes, as JSON-able data."""
+        """Every run's progress, the workers' spilled bytes and, per worker
+        (``"workers"``), its device (``"gpu"``/``"cpu"``, by the ``GPU`` resource), the GPU
+        it uses, the device memory its arrays hold and its bytes spilled to disk, as
+        JSON-able data."""
         runs = []
         for run in self.runs.values():
             steps = list(run["steps"])
@@ -176,11 +179,18 @@ class TrainingMonitor(SchedulerPlugin):
                     "validation": list(run["validation"]),
                 }
             )
-        spilled = {}
+        spilled, workers = {}, {}
         if self.scheduler is not None:
             for addr, ws in self.scheduler.workers.items():
                 spilled[addr] = int((ws.metrics.get("spilled_bytes") or {}).get("disk", 0))
-        return {"runs": runs, "spilled_bytes": spilled}
+                dev = ws.metrics.get("dfdl_device") or {}
+                workers[addr] = {
+                    "device": "gpu" if (ws.resources or {}).get("GPU", 0) > 0 else "cpu",
+                    "gpu": dev.get("gpu"),
+                    "device_memory_bytes": dev.get("memory_bytes"),
+                    "spilled_bytes": spilled[addr],
+                }
+        return {"runs": runs, "spilled_bytes": spilled, "workers": workers}
 
 
 def monitor_of(scheduler) -> TrainingMonitor | None:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 
 import dask
@@ -164,6 +165,30 @@ def pin_gpu(worker) -> str | None:
     return os.environ["CUDA_VISIBLE_DEVICES"]
 
 
+#: the worker metric (sent with each heartbeat) that tells the dashboard the worker's device
+DEVICE_METRIC = "dfdl_device"
+
+
+def device_metric(worker) -> dict:
+    """What a worker reports of its device with each heartbeat (:data:`DEVICE_METRIC`):
+    ``gpu``, the GPU it uses (its ``CUDA_VISIBLE_DEVICES``; None for a worker without
+    the ``GPU`` resource), and
+    ``memory_bytes``, the bytes cupy's memory pool holds for arrays in use (None until a
+    kernel has imported cupy: a heartbeat never starts CUDA).
+
+    Example:
+        >>> device_metric(None)["memory_bytes"] is None or "cupy" in sys.modules
+        True
+    """
+    resources = getattr(getattr(worker, "state", None), "total_resources", None) or {}
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if resources.get("GPU", 0) > 0 else None
+    cupy = sys.modules.get("cupy")
+    used = None
+    if cupy is not None and hasattr(cupy, "get_default_memory_pool"):
+        used = int(cupy.get_default_memory_pool().used_bytes())
+    return {"gpu": gpu, "memory_bytes": used}
+
+
 async def dask_setup(worker) -> None:
     """Preload hook: sets up a dfdl worker (see the module docstring); a worker already
     set up (:data:`MARKER`) is left as it is.
@@ -178,6 +203,7 @@ async def dask_setup(worker) -> None:
         return
     setattr(worker, MARKER, True)
     pin_gpu(worker)
+    worker.metrics[DEVICE_METRIC] = device_metric
     quiet_routine_pauses(worker)
     leave_interrupts_to_nanny(worker)
     tile_exec.TASK_NICE = int(dask.config.get("dfdl.worker.task-nice", TASK_NICE))

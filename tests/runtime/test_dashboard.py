@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import math
 
-from dfdl.runtime.dashboard import json_body
+import numpy as np
+
+import dfdl
+from dfdl.models import ZOO
+from dfdl.runtime.dashboard import json_body, workers_table
 from dfdl.runtime.monitor import TrainingMonitor
 
 
@@ -37,3 +41,34 @@ def test_a_monitor_with_a_nan_validation_loss_serves_strict_json():
     body = json_body(snap)
     assert "NaN" not in body
     assert json.loads(body)["runs"][0]["steps"][0]["loss"] == 2.0
+
+
+def test_the_workers_table_names_each_workers_device():
+    html = workers_table(
+        {
+            "tls://a": {"device": "gpu", "gpu": "1", "device_memory_bytes": 3 << 20,
+                        "spilled_bytes": 0},
+            "tls://b": {"device": "cpu", "gpu": None, "device_memory_bytes": None,
+                        "spilled_bytes": 5 << 30},
+        }
+    )  # fmt: skip
+    a, b = html.split("<tr>")[2:4]
+    assert "gpu 1" in a and "3.0 MiB" in a
+    assert "<td>cpu</td>" in b and "5.0 GiB" in b
+
+
+def _device_rows(dask_scheduler=None) -> dict:
+    from dfdl.runtime.monitor import monitor_of
+
+    return monitor_of(dask_scheduler).snapshot()["workers"]
+
+
+def test_cpu_workers_report_no_gpu_and_no_device_memory(client):
+    x = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)
+    dfdl.train(ZOO["mlp"](sizes=(4, 8, 3)), data=(x, np.arange(16) % 3), batch_size=8,
+               client=client)  # fmt: skip
+    rows = client.run_on_scheduler(_device_rows)
+    assert rows and set(rows) == set(client.scheduler_info()["workers"])
+    for row in rows.values():
+        assert row["device"] == "cpu" and row["gpu"] is None
+        assert row["device_memory_bytes"] is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -140,3 +141,28 @@ def test_zoo_trains_on_a_standin_gpu_worker_as_on_cpu_workers(name, standin_gpu_
     cpu = dfdl.train(ZOO[name](**kw), optimizer=optimizer(), client=client, **common)
     np.testing.assert_allclose(gpu.history["loss"], cpu.history["loss"], rtol=1e-5)
     assert runs == {}, f"tiles that ran on the host of the GPU worker: {runs}"
+
+
+def _device_rows(dask_scheduler=None) -> dict:
+    from dfdl.runtime.monitor import monitor_of
+
+    return monitor_of(dask_scheduler).snapshot()["workers"]
+
+
+def test_the_dashboard_shows_the_gpu_worker_and_its_device_memory(standin_gpu_client):
+    # a training registers the monitor; the worker's heartbeats bring its device metric
+    kw, batch, optimizer = MODELS["mlp"]
+    (X,) = dfdl.models.example_inputs("mlp", batch=4 * batch, seed=1, **kw).values()
+    y = np.arange(len(X)) % kw["sizes"][-1]
+    dfdl.train(ZOO["mlp"](**kw), data=(X, y), batch_size=batch, client=standin_gpu_client)
+    deadline = time.monotonic() + 30
+    while True:
+        rows = standin_gpu_client.run_on_scheduler(_device_rows)
+        if all(r["device_memory_bytes"] is not None for r in rows.values()) or (
+            time.monotonic() > deadline
+        ):
+            break
+        time.sleep(0.2)
+    (row,) = rows.values()
+    assert row["device"] == "gpu" and row["gpu"] == "0"
+    assert row["device_memory_bytes"] == 0  # the stand-in's pool holds nothing
