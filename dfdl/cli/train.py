@@ -62,6 +62,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "GPU (needs cupy; with --slurm, ask for GPUs in its spec: gpus=N)",
     )
     p.add_argument(
+        "--device-memory-limit",
+        metavar="BYTES",
+        help="with --gpus: the device memory each GPU worker's tiles may hold (e.g. 2GiB); "
+        "past it tiles spill to the host and to disk, and the plan is made for it",
+    )
+    p.add_argument(
         "--slurm",
         metavar="SPEC",
         help="train on SLURM jobs started for this run (dask-jobqueue), e.g. "
@@ -166,7 +172,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
             from dfdl.runtime.cluster import local_cluster
 
-            cluster = stack.enter_context(local_cluster(gpus=args.gpus))
+            limit = args.device_memory_limit
+            cluster = stack.enter_context(local_cluster(gpus=args.gpus, device_memory_limit=limit))
             client = stack.enter_context(Client(cluster))
         start = time.perf_counter() - prepared_s  # not counting the wait for a cluster
         result = session.run(client)
@@ -185,14 +192,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def check_gpus(args) -> None:
     """``--gpus``: at least 1, not with another cluster, and no more than this machine
-    has, checked before anything is loaded.
+    has; ``--device-memory-limit``: with ``--gpus``, a byte count; checked before
+    anything is loaded.
 
     Example:
         >>> check_gpus(argparse.Namespace(gpus=None, scheduler=None, slurm=None))
     """
     from dfdl.errors import ConfigError
-    from dfdl.runtime.cluster import visible_gpus
+    from dfdl.runtime.cluster import parse_memory, visible_gpus
 
+    limit = getattr(args, "device_memory_limit", None)
+    if limit is not None:
+        if args.gpus is None:
+            raise ConfigError("--device-memory-limit is for GPU workers: give --gpus N too")
+        parse_memory(limit, "--device-memory-limit")
     if args.gpus is None:
         return
     if args.gpus < 1:

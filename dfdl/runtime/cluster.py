@@ -47,6 +47,7 @@ from distributed.security import Security
 
 from dfdl.errors import ConfigError
 from dfdl.runtime import latency
+from dfdl.runtime.device_memory import DeviceSpillBuffer
 
 #: dask settings dfdl's embedded cluster runs with: no queuing on the scheduler; arrays
 #: under 32 MiB from the malloc heap, not fresh mmaps that fault their pages in on first
@@ -152,7 +153,9 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def local_cluster(n_workers: int | None = None, *, gpus: int = 0, **kwargs):
+def local_cluster(
+    n_workers: int | None = None, *, gpus: int = 0, device_memory_limit=None, **kwargs
+):
     """Start a ``distributed.LocalCluster`` with dfdl's settings (``dfdl.LocalCluster``).
 
     The embedded cluster of :func:`dfdl.train` is ``local_cluster()``. Every worker has
@@ -169,6 +172,11 @@ def local_cluster(n_workers: int | None = None, *, gpus: int = 0, **kwargs):
             machine's, or of ``CUDA_VISIBLE_DEVICES``), each seeing only its own GPU,
             with the resource ``GPU=1`` and two threads; dfdl then runs the tile
             kernels on the GPUs (:mod:`dfdl.ops.gpu`, cupy).
+        device_memory_limit: with ``gpus``, the device memory each GPU worker's tiles
+            may hold (bytes, or a string like ``"2GiB"``): past it the least recently
+            used spill to the host and on to disk
+            (:class:`~dfdl.runtime.device_memory.DeviceSpillBuffer`), and dfdl plans the
+            tiles for it. Default: no limit (the whole GPU).
         **kwargs: passed to ``distributed.LocalCluster``: ``memory_limit`` (bytes, or
             a string like ``"2GiB"``, per worker process), ``local_directory`` (where
             workers spill), ``threads_per_worker``, ``dashboard_address`` (default
@@ -188,6 +196,13 @@ def local_cluster(n_workers: int | None = None, *, gpus: int = 0, **kwargs):
     """
     if gpus:
         n_workers = _gpu_workers(gpus, n_workers, kwargs)
+    if device_memory_limit is not None:
+        if not gpus:
+            raise ConfigError(
+                "LocalCluster: device_memory_limit is for GPU workers: give gpus=N too"
+            )
+        limit = parse_memory(device_memory_limit, "device_memory_limit")
+        kwargs["data"] = (DeviceSpillBuffer, {"device_limit": limit, **_host_spill(kwargs)})
     if n_workers is None:
         n_workers = 1
         kwargs.setdefault("threads_per_worker", default_workers())
@@ -212,6 +227,24 @@ def local_cluster(n_workers: int | None = None, *, gpus: int = 0, **kwargs):
         cluster.close()
         raise
     return cluster
+
+
+_LOG = logging.getLogger("dfdl")
+
+
+def _host_spill(kwargs: dict) -> dict:
+    """The host tier's target of a GPU worker's :class:`DeviceSpillBuffer`: Dask's spill
+    target of the worker's memory limit, as Dask gives its own ``SpillBuffer``."""
+    from distributed.worker_memory import parse_memory_limit
+
+    threads = kwargs.get("threads_per_worker", 1)
+    limit = parse_memory_limit(
+        kwargs.get("memory_limit", "auto"), threads, os.cpu_count() or 1, logger=_LOG
+    )
+    fraction = DASK_CONFIG.get(
+        "distributed.worker.memory.target", dask.config.get("distributed.worker.memory.target")
+    )
+    return {"host_target": int(limit * fraction) if limit and fraction else 2**62}
 
 
 def visible_gpus() -> list[str]:

@@ -126,8 +126,9 @@ def _bytes(n) -> str:
 
 def workers_table(workers: dict) -> str:
     """The page's table of workers: each one's device (``gpu N`` or ``cpu``), the device
-    memory its arrays hold, and its bytes spilled to disk (on a GPU worker, device tiles
-    that went through the host to disk).
+    memory its arrays hold, its device memory limit and the bytes its tiles spilled off
+    the device (with a limit, :mod:`dfdl.runtime.device_memory`), and its bytes spilled
+    to disk.
 
     Example:
         >>> "gpu 0" in workers_table({"tls://w": {"device": "gpu", "gpu": "0",
@@ -137,6 +138,7 @@ def workers_table(workers: dict) -> str:
     from html import escape
 
     head = "<tr><th>worker</th><th>device</th><th>device memory in use</th>"
+    head += "<th>device memory limit</th><th>spilled off the device</th>"
     head += "<th>spilled to disk</th></tr>"
     body = []
     for addr in sorted(workers):
@@ -145,6 +147,8 @@ def workers_table(workers: dict) -> str:
         body.append(
             f"<tr><td>{escape(addr)}</td><td>{escape(device)}</td>"
             f"<td>{_bytes(w.get('device_memory_bytes'))}</td>"
+            f"<td>{_bytes(w.get('device_memory_limit'))}</td>"
+            f"<td>{_bytes(w.get('device_spilled_bytes'))}</td>"
             f"<td>{_bytes(w.get('spilled_bytes'))}</td></tr>"
         )
     return f"<h3>Workers</h3><table>{head}{''.join(body)}</table>"

@@ -188,6 +188,8 @@ class TrainingMonitor(SchedulerPlugin):
                     "device": "gpu" if (ws.resources or {}).get("GPU", 0) > 0 else "cpu",
                     "gpu": dev.get("gpu"),
                     "device_memory_bytes": dev.get("memory_bytes"),
+                    "device_memory_limit": dev.get("limit"),
+                    "device_spilled_bytes": dev.get("spilled_bytes"),
                     "spilled_bytes": spilled[addr],
                 }
         return {"runs": runs, "spilled_bytes": spilled, "workers": workers}

@@ -64,8 +64,9 @@ class Progress:
         elif show:
             self.next_line = time.monotonic() + LOG_EVERY_S
 
-    def loss(self, step: int, value: float, spilled: int) -> None:
-        """Step ``step`` ended with loss ``value``; ``spilled``: bytes spilled so far."""
+    def loss(self, step: int, value: float, spilled: int, device_spilled: int = 0) -> None:
+        """Step ``step`` ended with loss ``value``; ``spilled``: bytes spilled to disk so
+        far; ``device_spilled``: bytes moved off GPU workers' devices so far."""
         self.losses[step] = value
         self.reporter.step(step, value)
         rate = self.speed.add(self.batch_size)
@@ -74,12 +75,16 @@ class Progress:
             shown = {"loss": f"{value:.4g}", "samples_s": f"{rate:.0f}"}
             if spilled:
                 shown["spilled"] = format_bytes(spilled)
+            if device_spilled:
+                shown["device_spilled"] = format_bytes(device_spilled)
             self.bar.set_postfix(shown)
         elif self.next_line is not None and time.monotonic() >= self.next_line:
             line = f"dfdl.train: step {step + 1}/{self.total}, loss {value:.4g}"
             line += f", {rate:.0f} samples/s"
             if spilled:
                 line += f", {format_bytes(spilled)} spilled"
+            if device_spilled:
+                line += f", {format_bytes(device_spilled)} off the GPU"
             print(line, file=sys.stderr, flush=True)
             self.next_line = time.monotonic() + LOG_EVERY_S
 

@@ -31,7 +31,9 @@ class TrainResult:
         history: ``"loss"``: one float per step, in order; ``"spilled_bytes"`` and
             ``"unspilled_bytes"``: bytes the workers wrote to and read back from their
             spill directories, per step (read from the workers at most once a
-            second and shared evenly by the steps in between: their tasks overlap);
+            second and shared evenly by the steps in between: their tasks overlap); on
+            GPU workers, ``"device_spilled_bytes"`` and ``"device_unspilled_bytes"``:
+            bytes moved off and back onto their devices (with a device memory limit);
             with validation, ``"val_loss"`` (and ``"val_accuracy"`` for
             classification) per epoch.
         model: the ONNX model with the trained initializers (and BatchNorm statistics).

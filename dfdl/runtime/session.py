@@ -55,6 +55,7 @@ from dfdl.runtime.cluster import (
     worker_memory_limit,
     workers_device,
 )
+from dfdl.runtime.device_memory import device_memory_limit
 from dfdl.runtime.gc_freeze import frozen_heaps
 from dfdl.runtime.monitor import Reporter
 from dfdl.runtime.probe import cluster_speeds
@@ -416,11 +417,16 @@ class TrainingSession:
         if device == "gpu":  # a GPU runs a tile's kernels one after another on one stream:
             # tiles for more threads would only mean more launches and partial sums
             cores = len(gpu_workers(client))
+        memory_limit = (
+            worker_memory_limit(client) if client is not None else embedded_memory_limit()
+        )
+        if device == "gpu":  # a GPU worker's tiles live in its device memory
+            memory_limit = min(
+                (v for v in (memory_limit, device_memory_limit(client)) if v), default=None
+            )
         workers = Workers(
             cores=cores,
-            memory_limit=(
-                worker_memory_limit(client) if client is not None else embedded_memory_limit()
-            ),
+            memory_limit=memory_limit,
             # tiles fit between the workers' own pause line and the headroom (plan.estimate)
             thresholds=worker_memory_config(client),
             device=device,
@@ -463,7 +469,9 @@ class TrainingSession:
                 reporter, show=cfg.progress, total=total, start=start, batch_size=cfg.batch_size
             )
             collector = LossCollector(
-                c, lambda step, v: progress.loss(step, v, collector.total[0]), SpillMeter(c)
+                c,
+                lambda step, v: progress.loss(step, v, collector.total[0], collector.total[2]),
+                SpillMeter(c),
             )
             # client None: the embedded cluster, whose processes are dfdl's own
             run = _Run(self, c, client is None, on, schedule, feeds, anchor, collector, reporter)
@@ -504,10 +512,13 @@ class TrainingSession:
         tg = first.tg
         history: dict[str, list] = {"loss": []}
         done = sorted(progress.losses)
-        spilled = [collector.spilled.get(s, (0, 0)) for s in done]
+        spilled = [collector.spilled.get(s, (0, 0, 0, 0)) for s in done]
         history["loss"] = [progress.losses[s] for s in done]
-        history["spilled_bytes"] = [written for written, _ in spilled]
-        history["unspilled_bytes"] = [read for _, read in spilled]
+        history["spilled_bytes"] = [m[0] for m in spilled]
+        history["unspilled_bytes"] = [m[1] for m in spilled]
+        if run.workers.device == "gpu":
+            history["device_spilled_bytes"] = [m[2] for m in spilled]
+            history["device_unspilled_bytes"] = [m[3] for m in spilled]
         for epoch in sorted(run.validated):
             for k, v in run.validated[epoch].items():
                 history.setdefault(f"val_{k}", []).append(v)

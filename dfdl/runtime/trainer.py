@@ -516,14 +516,24 @@ def _rechunked(tiles, have, want, name, dsk, step):
     return out
 
 
-def spill_totals(dask_worker) -> tuple[float, float]:
-    """(bytes written to, bytes read from) the worker's spill directory so far."""
-    metrics = getattr(dask_worker.data, "cumulative_metrics", None) or {}
-    return metrics.get(("disk-write", "bytes"), 0.0), metrics.get(("disk-read", "bytes"), 0.0)
+def spill_totals(dask_worker) -> tuple[float, float, float, float]:
+    """(bytes written to, bytes read from) the worker's spill directory so far, then
+    (bytes moved off, back onto) its device (a GPU worker with a device memory limit,
+    :mod:`dfdl.runtime.device_memory`; else 0)."""
+    data = dask_worker.data
+    metrics = getattr(data, "cumulative_metrics", None) or {}
+    off, back = getattr(data, "device_spilled", (0, 0)), getattr(data, "device_unspilled", (0, 0))
+    return (
+        metrics.get(("disk-write", "bytes"), 0.0),
+        metrics.get(("disk-read", "bytes"), 0.0),
+        float(off[1]),
+        float(back[1]),
+    )
 
 
 class SpillMeter:
-    """Bytes the workers spilled to and read back from disk since the last reading.
+    """Bytes the workers spilled to and read back from disk, and moved off and back onto
+    their devices, since the last reading.
 
     Readings cost a round trip to every worker, so :meth:`due` allows one per
     ``interval`` seconds.
@@ -533,26 +543,29 @@ class SpillMeter:
         self.client = client
         self.interval = interval
         self.t_last = time.perf_counter()
-        self.last: dict[str, tuple[float, float]] = {}
+        self.last: dict[str, tuple] = {}
         self.last = self._read()
 
     def due(self) -> bool:
         return time.perf_counter() - self.t_last >= self.interval
 
-    def _read(self) -> dict[str, tuple[float, float]]:
+    def _read(self) -> dict[str, tuple]:
         try:
             return self.client.run(spill_totals)
         except Exception:  # a worker lost mid-call: count it next time
             return dict(self.last)
 
-    def delta(self) -> tuple[int, int]:
-        """(written, read) bytes over all workers since the previous call."""
+    def delta(self) -> tuple[int, int, int, int]:
+        """(written, read, off the device, back onto it) bytes over all workers since
+        the previous call."""
         now = self._read()
         self.t_last = time.perf_counter()
-        written = sum(w - self.last.get(a, (0.0, 0.0))[0] for a, (w, _) in now.items())
-        read = sum(r - self.last.get(a, (0.0, 0.0))[1] for a, (_, r) in now.items())
+        out = []
+        for i in range(4):
+            moved = sum(v[i] - self.last.get(a, (0.0,) * 4)[i] for a, v in now.items())
+            out.append(max(0, int(moved)))
         self.last = now
-        return max(0, int(written)), max(0, int(read))
+        return tuple(out)
 
 
 #: seconds every worker may stay paused by Dask's memory monitor (process memory above
@@ -611,7 +624,8 @@ class LossCollector:
     """Gathers loss futures in bulk, a submission late; raises on a non-finite loss.
 
     With a :class:`SpillMeter`, each gathered step also gets the bytes spilled to and
-    read from disk: the workers' totals since the previous reading, shared evenly by
+    read from disk, and moved off and back onto the workers' devices: the workers'
+    totals since the previous reading, shared evenly by
     the steps gathered since (their tasks overlap on the cluster). Readings are taken
     at most once a second, and always by the final ``collect(final=True)``.
     """
@@ -627,9 +641,9 @@ class LossCollector:
         self.on_loss = on_loss
         self.values: dict[int, float] = {}
         self.spill = spill
-        self.spilled: dict[int, tuple[int, int]] = {}
+        self.spilled: dict[int, tuple[int, ...]] = {}
         self.unmetered: list[int] = []
-        self.total = [0, 0]  # bytes written, read: all readings so far
+        self.total = [0, 0, 0, 0]  # bytes written, read, off and onto devices: so far
 
     def add(self, losses: list[tuple[int, Any]]) -> None:
         self.pending.extend(losses)
@@ -647,12 +661,12 @@ class LossCollector:
         if self.spill is not None:
             self.unmetered.extend(step for step, _ in batch)
             if self.unmetered and (final or self.spill.due()):
-                written, read = self.spill.delta()
-                self.total[0] += written
-                self.total[1] += read
+                moved = self.spill.delta()
+                for i, v in enumerate(moved):
+                    self.total[i] += v
                 k = len(self.unmetered)
                 for step in self.unmetered:
-                    self.spilled[step] = (written // k, read // k)
+                    self.spilled[step] = tuple(v // k for v in moved)
                 self.unmetered = []
         for (step, (_, pos)), v in zip(batch, got):
             value = float(np.asarray(v if pos is None else v[pos]))

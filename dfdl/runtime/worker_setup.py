@@ -55,6 +55,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dfdl.ops.cpu import scratch
 from dfdl.runtime import task_counter
+from dfdl.runtime.device_memory import DeviceSpillBuffer
 from dfdl.runtime.heap import HeapTrimmer
 from dfdl.taskgraph import gang, tile_exec
 
@@ -174,7 +175,9 @@ def device_metric(worker) -> dict:
     ``gpu``, the GPU it uses (its ``CUDA_VISIBLE_DEVICES``; None for a worker without
     the ``GPU`` resource), and
     ``memory_bytes``, the bytes cupy's memory pool holds for arrays in use (None until a
-    kernel has imported cupy: a heartbeat never starts CUDA).
+    kernel has imported cupy: a heartbeat never starts CUDA); with a device memory limit
+    (:mod:`dfdl.runtime.device_memory`), ``limit`` and ``spilled_bytes``, the bytes its
+    tiles spilled off the device so far (else None).
 
     Example:
         >>> device_metric(None)["memory_bytes"] is None or "cupy" in sys.modules
@@ -186,7 +189,11 @@ def device_metric(worker) -> dict:
     used = None
     if cupy is not None and hasattr(cupy, "get_default_memory_pool"):
         used = int(cupy.get_default_memory_pool().used_bytes())
-    return {"gpu": gpu, "memory_bytes": used}
+    data = getattr(worker, "data", None)
+    limit = spilled = None
+    if isinstance(data, DeviceSpillBuffer):
+        limit, spilled = data.device_limit, data.device_spilled[1]
+    return {"gpu": gpu, "memory_bytes": used, "limit": limit, "spilled_bytes": spilled}
 
 
 async def dask_setup(worker) -> None:

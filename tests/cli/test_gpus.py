@@ -18,6 +18,8 @@ from dfdl.runtime.cluster import visible_gpus
         (["--gpus", "0"], "--gpus 0: give at least 1"),
         (["--gpus", "1", "--scheduler", "tcp://127.0.0.1:9"], "--gpus starts a cluster"),
         (["--gpus", "1", "--slurm", "jobs=1,cores=1,memory=1GiB"], "(gpus=N)"),
+        (["--device-memory-limit", "2GiB"], "give --gpus N too"),
+        (["--gpus", "1", "--device-memory-limit", "lots"], "--device-memory-limit must be"),
         pytest.param(
             ["--gpus", "1"],
             "this machine has 0 NVIDIA GPU",

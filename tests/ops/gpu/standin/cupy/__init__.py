@@ -66,6 +66,13 @@ def asarray(x, dtype=None):
     return x if isinstance(x, ndarray) and dtype is None else np.array(x, dtype=dtype).view(ndarray)
 
 
+def array(x, dtype=None, copy=True):
+    """A new device array (from a device or a host array, as cupy.array)."""
+    return np.array(
+        x.view(np.ndarray) if isinstance(x, ndarray) else x, dtype=dtype, copy=copy
+    ).view(ndarray)
+
+
 def asnumpy(x):
     return x.get() if isinstance(x, ndarray) else np.asarray(x)
 
