@@ -168,6 +168,20 @@ def _acyclic(deps: Mapping, slot: Mapping) -> bool:
     return True
 
 
+def _schedule(deps: tuple) -> tuple[list, list, list, list]:
+    """For tasks reading ``deps[i]``: how many inputs each still waits for, who reads
+    each, how many readers each has left, and the ready ones as a heap (by index, the
+    priority order)."""
+    waiting = [len(d) for d in deps]
+    readers: list = [[] for _ in deps]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            readers[d].append(i)
+    ready = [i for i, w in enumerate(waiting) if not w]
+    heapq.heapify(ready)
+    return waiting, readers, [len(r) for r in readers], ready
+
+
 def run_serial(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values) -> Outputs:
     """:func:`run_local` on this thread alone: the tasks one after another in priority
     order, each value dropped after its last reader. For a GPU worker, whose kernels
@@ -179,18 +193,10 @@ def run_serial(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *value
         ...            ((1,), ()), (0,), ("x",), -5)
         (5,)
     """
-    n = len(tasks)
     cache = dict(zip(outside, values, strict=True))
     STEP_VALUES.values = cache
-    waiting = [len(d) for d in deps]
-    readers: list = [[] for _ in range(n)]
-    for i, ds in enumerate(deps):
-        for d in ds:
-            readers[d].append(i)
-    left = [len(r) for r in readers]
+    waiting, readers, left, ready = _schedule(deps)
     kept = set(exports)
-    ready = [i for i in range(n) if not waiting[i]]
-    heapq.heapify(ready)
     trace = gang.TRACE
     while ready:
         i = heapq.heappop(ready)
@@ -227,15 +233,8 @@ def run_local(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values
     """
     n = len(tasks)
     cache = dict(zip(outside, values, strict=True))
-    waiting = [len(d) for d in deps]
-    readers: list = [[] for _ in range(n)]
-    for i, ds in enumerate(deps):
-        for d in ds:
-            readers[d].append(i)
-    left = [len(r) for r in readers]
+    waiting, readers, left, ready = _schedule(deps)
     kept = set(exports)
-    ready = [i for i in range(n) if not waiting[i]]
-    heapq.heapify(ready)
     state = {"todo": n, "running": 0, "error": None}
     cond = threading.Condition()
 

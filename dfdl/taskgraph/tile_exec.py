@@ -270,7 +270,7 @@ def combine(how: str, *parts: Any) -> Any:
     xp = namespace(parts[0])
     if ufunc is not None and xp is not np:
         fn = getattr(xp, _COMBINE_NAMES[how])
-        acc = xp.array(parts[0], copy=True)
+        acc = xp.asarray(parts[0], copy=True)
         for p in parts[1:]:
             # a partial computed on the host (an op a GPU kernel did not take) joins the rest
             acc = fn(acc, xp.asarray(p) if type(p) is np.ndarray else p)
@@ -286,7 +286,7 @@ def combine(how: str, *parts: Any) -> Any:
             ufunc(acc, p, out=acc)
         return acc
     if how == "moments":
-        acc = xp.array(parts[0], copy=True) if xp is not np else parts[0].copy()
+        acc = xp.asarray(parts[0], copy=True) if xp is not np else parts[0].copy()
         for p in parts[1:]:
             acc = merge_moments(acc, p)
         return acc

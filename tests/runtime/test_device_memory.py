@@ -5,9 +5,6 @@ device limit trains with device spilling to the losses of an unlimited GPU worke
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import numpy as np
 import pytest
 from distributed import Client
@@ -17,20 +14,13 @@ from dfdl.errors import ConfigError
 from dfdl.models import ZOO
 from dfdl.runtime.device_memory import DeviceSpillBuffer, OnHost, device_spill_counts
 from tests.ops.gpu.standin import PATH as STANDIN
+from tests.ops.gpu.standin import as_cupy
 
 
 @pytest.fixture(scope="module")
 def cupy():
-    spec = importlib.util.spec_from_file_location("cupy", STANDIN / "cupy" / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    saved = sys.modules.get("cupy")
-    sys.modules["cupy"] = module
-    yield module
-    if saved is None:
-        del sys.modules["cupy"]
-    else:
-        sys.modules["cupy"] = saved
+    with as_cupy() as module:
+        yield module
 
 
 def test_device_values_past_the_limit_move_to_the_host_and_come_back(cupy, tmp_path):

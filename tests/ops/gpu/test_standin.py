@@ -9,8 +9,6 @@ element-wise kernels are restated in the stand-in, so they are checked on a GPU 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 
 import numpy as np
@@ -23,24 +21,17 @@ from dfdl.ops import REGISTRY
 from dfdl.ops.gpu import device
 from dfdl.ops.gpu.kernels import elementwise
 from tests.ops.gpu.standin import PATH as STANDIN
+from tests.ops.gpu.standin import as_cupy
 from tests.ops.test_registry import RUNNABLE, _present, assert_matches
 
 
 @pytest.fixture(scope="module")
 def standin():
     """The stand-in imported as ``cupy`` while this module's tests run."""
-    spec = importlib.util.spec_from_file_location("cupy", STANDIN / "cupy" / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    saved = sys.modules.get("cupy")
-    sys.modules["cupy"] = module
-    elementwise.cache_clear()
-    yield module
-    elementwise.cache_clear()
-    if saved is None:
-        del sys.modules["cupy"]
-    else:
-        sys.modules["cupy"] = saved
+    with as_cupy() as module:
+        elementwise.cache_clear()
+        yield module
+        elementwise.cache_clear()
 
 
 def _kernel_cases() -> list:

@@ -62,8 +62,11 @@ def _on_device(fn):
     return wrapped
 
 
-def asarray(x, dtype=None):
-    return x if isinstance(x, ndarray) and dtype is None else np.array(x, dtype=dtype).view(ndarray)
+def asarray(x, dtype=None, order=None, *, copy=None):
+    """cupy.asarray: ``x`` on the device (as it is where it is there and no copy is asked)."""
+    if isinstance(x, ndarray) and dtype is None and not copy:
+        return x
+    return np.array(_plain(x) if isinstance(x, ndarray) else x, dtype=dtype).view(ndarray)
 
 
 def array(x, dtype=None, copy=True):
