@@ -56,6 +56,7 @@ def test_a_cluster_mixing_gpu_and_cpu_workers_trains_on_its_gpu_workers(client):
     x = np.random.default_rng(0).standard_normal((48, 6)).astype(np.float32)
     y = np.arange(48) % 3
     kw = dict(data=(x, y), batch_size=8, epochs=1, shuffle=False, seed=1)
+    val = {"validation": (x[:16], y[:16])}
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
@@ -82,11 +83,15 @@ def test_a_cluster_mixing_gpu_and_cpu_workers_trains_on_its_gpu_workers(client):
                 got = dfdl.train(ZOO["mlp"](sizes=(6, 16, 3)), client=hybrid, **kw)
             ran_on = {r["worker"] for r in stream.data}
             assert stream.data and ran_on == {gpu}, ran_on
+            # validation passes (numpy weights, CPU tile functions) may run on any worker
+            checked = dfdl.train(ZOO["mlp"](sizes=(6, 16, 3)), client=hybrid, **kw, **val)
         finally:
             extra.terminate()
             extra.wait(30)
     want = dfdl.train(ZOO["mlp"](sizes=(6, 16, 3)), client=client, **kw)
     np.testing.assert_allclose(got.history["loss"], want.history["loss"], rtol=1e-5)
+    on_cpu = dfdl.train(ZOO["mlp"](sizes=(6, 16, 3)), client=client, **kw, **val)
+    np.testing.assert_allclose(checked.history["val_loss"], on_cpu.history["val_loss"], rtol=1e-5)
 
 
 def test_a_cluster_without_gpu_workers_has_no_placement():
