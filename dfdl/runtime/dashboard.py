@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import math
 
+from dask.utils import format_bytes
+
 from dfdl.runtime.monitor import PLUGIN_NAME, TrainingMonitor, monitor_of
 
 
@@ -115,13 +117,7 @@ def _runs_table(runs: list[dict]) -> str:
 
 
 def _bytes(n) -> str:
-    if n is None:
-        return ""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
+    return "" if n is None else format_bytes(n)
 
 
 def workers_table(workers: dict) -> str:

@@ -168,18 +168,36 @@ def _acyclic(deps: Mapping, slot: Mapping) -> bool:
     return True
 
 
-def _schedule(deps: tuple) -> tuple[list, list, list, list]:
-    """For tasks reading ``deps[i]``: how many inputs each still waits for, who reads
-    each, how many readers each has left, and the ready ones as a heap (by index, the
-    priority order)."""
-    waiting = [len(d) for d in deps]
-    readers: list = [[] for _ in deps]
-    for i, ds in enumerate(deps):
-        for d in ds:
-            readers[d].append(i)
-    ready = [i for i, w in enumerate(waiting) if not w]
-    heapq.heapify(ready)
-    return waiting, readers, [len(r) for r in readers], ready
+class _Schedule:
+    """The dependency bookkeeping of one step task's run: ``ready`` holds the tasks whose
+    inputs are all there, as a heap by index (the priority order); :meth:`done` stores
+    a task's value, drops inputs no one reads any more (unless exported) and releases
+    the readers it completes."""
+
+    __slots__ = ("cache", "deps", "kept", "left", "readers", "ready", "tasks", "waiting")
+
+    def __init__(self, tasks: tuple, deps: tuple, exports: tuple, cache: dict):
+        self.tasks, self.deps, self.cache = tasks, deps, cache
+        self.kept = set(exports)
+        self.waiting = [len(d) for d in deps]
+        self.readers: list = [[] for _ in deps]
+        for i, ds in enumerate(deps):
+            for d in ds:
+                self.readers[d].append(i)
+        self.left = [len(r) for r in self.readers]
+        self.ready = [i for i, w in enumerate(self.waiting) if not w]
+        heapq.heapify(self.ready)
+
+    def done(self, i: int, value) -> None:
+        self.cache[self.tasks[i].key] = value
+        for d in self.deps[i]:
+            self.left[d] -= 1
+            if not self.left[d] and d not in self.kept:
+                del self.cache[self.tasks[d].key]
+        for r in self.readers[i]:
+            self.waiting[r] -= 1
+            if not self.waiting[r]:
+                heapq.heappush(self.ready, r)
 
 
 def run_serial(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values) -> Outputs:
@@ -195,24 +213,15 @@ def run_serial(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *value
     """
     cache = dict(zip(outside, values, strict=True))
     STEP_VALUES.values = cache
-    waiting, readers, left, ready = _schedule(deps)
-    kept = set(exports)
+    sched = _Schedule(tasks, deps, exports, cache)
     trace = gang.TRACE
-    while ready:
-        i = heapq.heappop(ready)
+    while sched.ready:
+        i = heapq.heappop(sched.ready)
         task = tasks[i]
         start = time.time() if trace is not None else 0.0
-        cache[task.key] = task(cache)
+        sched.done(i, task(cache))
         if trace is not None:
             trace.append((task.key, threading.current_thread().name, start, time.time()))
-        for d in deps[i]:
-            left[d] -= 1
-            if not left[d] and d not in kept:
-                del cache[tasks[d].key]
-        for r in readers[i]:
-            waiting[r] -= 1
-            if not waiting[r]:
-                heapq.heappush(ready, r)
     return Outputs(cache[tasks[i].key] for i in exports)
 
 
@@ -233,8 +242,8 @@ def run_local(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values
     """
     n = len(tasks)
     cache = dict(zip(outside, values, strict=True))
-    waiting, readers, left, ready = _schedule(deps)
-    kept = set(exports)
+    sched = _Schedule(tasks, deps, exports, cache)
+    ready = sched.ready
     state = {"todo": n, "running": 0, "error": None}
     cond = threading.Condition()
 
@@ -262,15 +271,7 @@ def run_local(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *values
             if gang.TRACE is not None:
                 gang.TRACE.append((task.key, threading.current_thread().name, start, time.time()))
             with cond:
-                cache[task.key] = value
-                for d in deps[i]:
-                    left[d] -= 1
-                    if not left[d] and d not in kept:
-                        del cache[tasks[d].key]
-                for r in readers[i]:
-                    waiting[r] -= 1
-                    if not waiting[r]:
-                        heapq.heappush(ready, r)
+                sched.done(i, value)
                 state["todo"] -= 1
                 state["running"] -= 1
                 cond.notify_all()

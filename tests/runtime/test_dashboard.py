@@ -7,6 +7,7 @@ import json
 import math
 
 import numpy as np
+from dask.utils import format_bytes
 
 import dfdl
 from dfdl.models import ZOO
@@ -53,8 +54,8 @@ def test_the_workers_table_names_each_workers_device():
         }
     )  # fmt: skip
     a, b = html.split("<tr>")[2:4]
-    assert "gpu 1" in a and "3.0 MiB" in a
-    assert "<td>cpu</td>" in b and "5.0 GiB" in b
+    assert "gpu 1" in a and format_bytes(3 << 20) in a
+    assert "<td>cpu</td>" in b and format_bytes(5 << 30) in b
 
 
 def _device_rows(dask_scheduler=None) -> dict:
