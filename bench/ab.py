@@ -30,6 +30,7 @@ two arms' losses must agree: no engine choice changes a number).
 Examples:
     python bench/ab.py resnet --option graph.rules.siblings --b False --steps 6 --fresh
     python bench/ab.py resnet --option graph.gangs --b False --base graph.step_tasks=False
+    python bench/ab.py resnet --option graph.worker_tasks --b False --workers 2
     python bench/ab.py unet3d --attribute dfdl.ops.cpu.conv_direct.MIN_CHANNELS --b "10**9"
 """
 
@@ -119,6 +120,13 @@ def main() -> None:
     parser.add_argument(
         "--fresh", action="store_true", help="a new embedded cluster for every round"
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes of the embedded cluster, one thread each (default: one"
+        " process with a thread per core)",
+    )
     args = parser.parse_args()
 
     kw, batch, kind, okw, _ = FULL[args.workload]
@@ -161,10 +169,10 @@ def main() -> None:
     if args.fresh:
         for arm in (a for pair in arms for a in pair):
             set_attribute(None, arm)  # before the cluster starts: settings read at start
-            with local_cluster() as cluster, Client(cluster) as client:
+            with local_cluster(args.workers) as cluster, Client(cluster) as client:
                 results[arm].append(timed(client, arm))
     else:
-        with local_cluster() as cluster, Client(cluster) as client:
+        with local_cluster(args.workers) as cluster, Client(cluster) as client:
             one_round(client, 2, "A")  # warm the caches of both processes
             for arm in (a for pair in arms for a in pair):
                 results[arm].append(timed(client, arm))

@@ -84,7 +84,8 @@ about 8x (batch or volume).
 
 Usage:
     python bench/run.py [--workload mlp resnet unet3d transformer] [--steps N] [--warmup W]
-        [--rounds R] [--full] [--json out.json] [--scheduler ADDRESS] [--no-start]
+        [--rounds R] [--full] [--json out.json] [--scheduler ADDRESS | --workers N]
+        [--no-start]
     python bench/run.py --device gpu [bench/gpu.py's arguments]   # dfdl on a GPU worker
 """
 
@@ -719,6 +720,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", default=None, help="write the results to this file")
     parser.add_argument("--scheduler", default=None, help="address of an existing cluster")
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes of the embedded cluster, one thread each (default: one process"
+        " with a thread per core)",
+    )
+    parser.add_argument(
         "--no-start", action="store_true", help="skip the cold/warm start measurements"
     )
     parser.add_argument("--first-step", default=None, help=argparse.SUPPRESS)  # internal
@@ -747,7 +755,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.scheduler:
         cluster, client = None, Client(args.scheduler)
     else:
-        cluster = local_cluster()
+        cluster = local_cluster(args.workers)
         client = Client(cluster)
     try:
         machine["dfdl_workers"] = len(client.scheduler_info()["workers"])

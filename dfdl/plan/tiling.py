@@ -96,6 +96,9 @@ class NodePlan:
     spec: TileSpec
     letters: dict[str, tuple[int, ...]]
     sizes: dict[str, int]
+    #: the roles ("batch", "model", "space") of each letter: where tiles of a step go on
+    #: several workers (:mod:`dfdl.taskgraph.partition`)
+    roles: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def grid_letters(self) -> list[str]:
         seen: list[str] = []
@@ -637,7 +640,9 @@ def _build(graph: Graph, policy: _Policy, weights: set[str], carry: Mapping[str,
                     # an axis this node keeps whole (BatchNorm's batch) is still the
                     # batch axis for the consumers, which may split it again
                     roles[(name, axis)] = roles[(same, axis)]
-        np_ = NodePlan(node, spec, letters, sizes)
+        np_ = NodePlan(
+            node, spec, letters, sizes, {c: frozenset(r) for c, r in letter_roles.items()}
+        )
         node_plans.append(np_)
         ins, outs = _max_task_bytes(np_, graph)
         task_bytes[node.name] = ins + outs

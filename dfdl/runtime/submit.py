@@ -25,14 +25,35 @@ from collections.abc import Hashable, Mapping, Sequence
 import dask
 
 
-def _expression(dsk: Mapping):
-    """``dsk`` as dask's low-level graph expression, named by a random token; the dict
-    itself where this dask has no such expression (``Client.get`` wraps it then)."""
+def _expression(dsk: Mapping, workers: Mapping | None = None):
+    """``dsk`` as dask's low-level graph expression, named by a random token, with the
+    per-key worker restrictions ``workers``; the dict itself where this dask has no such
+    expression (``Client.get`` wraps it then, and the restrictions are left out)."""
     try:
         from dask._expr import LLGExpr
     except ImportError:  # an older or newer dask: let the client hash it
         return dsk
-    return LLGExpr(dsk, _determ_token=f"dfdl-{uuid.uuid4().hex}")
+    token = f"dfdl-{uuid.uuid4().hex}"
+    if workers:
+        return _Placed(dsk, dict(workers), _determ_token=token)
+    return LLGExpr(dsk, _determ_token=token)
+
+
+try:
+    from dask._expr import LLGExpr as _LLGExpr
+except ImportError:  # pragma: no cover - the fallback above never builds one
+    _LLGExpr = object
+
+
+class _Placed(_LLGExpr):
+    """A low-level graph whose listed keys prefer the given workers: loose restrictions,
+    so a task still runs elsewhere when its worker is gone (recovery)."""
+
+    _parameters = ["dsk", "workers"]
+
+    def __dask_annotations__(self):
+        workers = self.operand("workers")
+        return {"workers": workers, "allow_other_workers": dict.fromkeys(workers, True)}
 
 
 def get(
@@ -41,6 +62,7 @@ def get(
     keys: Sequence[Hashable],
     sync: bool = False,
     resources: Mapping | None = None,
+    workers: Mapping[Hashable, Sequence[str]] | None = None,
 ):
     """``client.get(dsk, keys, sync=sync, resources=resources)`` without hashing the
     graph's tasks.
@@ -51,6 +73,8 @@ def get(
         keys: the keys to compute.
         sync: wait for and return the results (else futures).
         resources: worker resources every task needs (``{"GPU": 1}``), or None.
+        workers: the workers each listed key should run on (loose restrictions: another
+            worker runs it when none of these is there), or None.
 
     Returns:
         What ``Client.get`` returns: futures (``sync=False``) or results, in the order
@@ -61,6 +85,6 @@ def get(
         >>> get(client, {"y": Task("y", abs, -2)}, ["y"], sync=True)  # doctest: +SKIP
         [2]
     """
-    graph = _expression(dsk)
+    graph = _expression(dsk, workers)
     with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 TiB"}):
         return client.get(graph, list(keys), sync=sync, resources=resources)

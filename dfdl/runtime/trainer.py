@@ -41,7 +41,7 @@ from dfdl.runtime import submit
 from dfdl.runtime.cluster import byte_batches, gather_budget, transfer_budget
 from dfdl.taskgraph import program
 from dfdl.taskgraph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
-from dfdl.taskgraph.optimize import GraphOptions, optimize
+from dfdl.taskgraph.optimize import GraphOptions, optimize, worker_restrictions
 from dfdl.taskgraph.step_tasks import STEP_NAME
 from dfdl.taskgraph.tile_exec import assemble_task
 
@@ -271,18 +271,23 @@ def run_steps(
         | {k for _, (k, _) in loss_keys},
         key=str,
     )
-    dsk = optimize(
-        dsk,
-        wanted,
-        used.values(),
-        token=token,
-        # one round trip to the scheduler, only when tasks are grouped
-        nthreads=lambda: list(client.nthreads().values()),
-        options=options,
-    )
+    roster: dict = {}
+
+    def nthreads() -> list[int]:
+        # one round trip to the scheduler, only when tasks are grouped; the workers in
+        # address order, so that a worker keeps its share from submission to submission
+        roster.update(sorted(client.nthreads().items()))
+        return list(roster.values())
+
+    dsk = optimize(dsk, wanted, used.values(), token=token, nthreads=nthreads, options=options)
     t1 = time.perf_counter()
     resources = state.placement.get("resources")
-    futures = dict(zip(wanted, submit.get(client, dsk, wanted, resources=resources)))
+    # a hybrid cluster's placement (GPU workers) has the last word
+    hybrid = bool(state.placement.get("workers"))
+    pinned = worker_restrictions(dsk, token, list(roster)) if roster and not hybrid else None
+    futures = dict(
+        zip(wanted, submit.get(client, dsk, wanted, resources=resources, workers=pinned))
+    )
     if timings is not None:
         timings["graph_s"] = timings.get("graph_s", 0.0) + t1 - t0
         timings["submit_s"] = timings.get("submit_s", 0.0) + time.perf_counter() - t1

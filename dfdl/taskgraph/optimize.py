@@ -13,8 +13,10 @@ that cannot change a value and the plan allows it:
 2. On a cluster of one worker process, where tiles never move: each training step runs
    as one task (:mod:`dfdl.taskgraph.step_tasks`); where a step cannot (its tasks would
    pass the step budget, or steps would form a cycle), siblings run in gangs and chains
-   (:mod:`dfdl.taskgraph.gang`). On several processes these would pull every tile of a
-   step onto one worker: the tile tasks stay.
+   (:mod:`dfdl.taskgraph.gang`). On several processes, each worker's share of a step
+   (:mod:`dfdl.taskgraph.partition`: its batch shard, slab or weight shard) runs as one
+   task per stage between exchanges, pinned to that worker by the trainer
+   (:func:`worker_restrictions`).
 3. Always: data nodes run inside the tasks that read them (:func:`~dfdl.taskgraph.fuse.
    inline_data`) and large task bodies are pickled once (:mod:`dfdl.taskgraph.pack`).
 
@@ -27,14 +29,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dfdl.ops import lookup
 from dfdl.plan.compile import StepPlan
 from dfdl.plan.estimate import DASK_TARGET
 from dfdl.plan.tiling import TASK_MEMORY_FRACTION
-from dfdl.taskgraph import gang, step_tasks
+from dfdl.taskgraph import gang, partition, step_tasks
 from dfdl.taskgraph.fuse import (
     LIGHT_BYTES,
     TINY_BYTES,
@@ -60,6 +62,10 @@ class GraphOptions:
         steps_per_task: with step tasks, the consecutive steps (``s // steps_per_task``
             alike) that run as one task: on a GPU worker, whose steps take milliseconds,
             a step task per step would wait for a scheduler round trip between steps.
+        worker_tasks: on several worker processes, each worker's share of a step
+            (:mod:`dfdl.taskgraph.partition`) runs as one task per stage between
+            exchanges with the other workers (:func:`~dfdl.taskgraph.step_tasks.group_steps`
+            with ``place``).
         programs: a submitted group of steps is compiled once per shape into one task
             and later groups of that shape reuse it (:mod:`dfdl.taskgraph.program`):
             on a GPU worker building each step's graph would set the pace.
@@ -72,6 +78,7 @@ class GraphOptions:
     inline_data: bool = True
     pack: bool = True
     steps_per_task: int = 1
+    worker_tasks: bool = True
     programs: bool = False
 
 
@@ -103,6 +110,7 @@ def optimize(
     if options.fuse and all(sp.fits for sp in plans):
         threads = list(nthreads())
         one_worker = len(threads) == 1
+        tiny = _tiny_outputs(plans, token)
         dsk = fuse_into_consumers(
             dsk,
             keep=keep,
@@ -111,7 +119,7 @@ def optimize(
             small=_small_contractions(plans, token),
             # one worker process only: elsewhere each reader would fetch every tile's
             # packed output (activation and partial) instead of one merge fetching them
-            tiny=_tiny_outputs(plans, token) if one_worker else None,
+            tiny=tiny if one_worker else None,
             rules=options.rules,
         )
         grouped = None
@@ -125,6 +133,22 @@ def optimize(
                 ),
                 weight=_task_memory(plans, token),
                 budget=_step_budget(plans),
+            )
+        elif options.worker_tasks and not one_worker:
+            budget = _step_budget(plans)
+            placed, place = partition.replicate_merges(
+                dsk, keep, partition.tile_parts(plans, token, len(threads)), tiny
+            )
+            grouped = step_tasks.group_steps(
+                placed,
+                keep=keep,
+                name=lambda s: (task_name(step_tasks.STEP_NAME, token), s),
+                weight=_task_memory(plans, token),
+                budget=None if budget is None else budget * len(threads),
+                place=place,
+                parts=len(threads),
+                strip=lambda k: partition.stripped(k, token),
+                serial=max(threads) == 1,
             )
         if grouped is not None:
             dsk = grouped
@@ -231,3 +255,32 @@ def _step_budget(plans) -> int | None:
     whole step already had to fit for the optimizer to group at all."""
     limit = _memory_limit(plans)
     return None if limit is None else int(limit * DASK_TARGET)
+
+
+def worker_restrictions(
+    dsk: Mapping[Hashable, object], token: str, addresses: Sequence[str]
+) -> dict[Hashable, list[str]]:
+    """The worker of each per-worker step task of an optimized graph: the task of part
+    ``p`` (its key ``(name, step, p, stage)``) goes to ``addresses[p]``, and so do the
+    tasks that read only that task (the values taken out of its outputs).
+
+    Example:
+        >>> worker_restrictions({("train-step-ab12cd34", 0, 1, 0): None}, "ab12cd34",
+        ...                     ["tcp://a:1", "tcp://b:2"])
+        {('train-step-ab12cd34', 0, 1, 0): ['tcp://b:2']}
+    """
+    name = task_name(step_tasks.STEP_NAME, token)
+    placed = {
+        k: [addresses[k[2]]]
+        for k in dsk
+        if isinstance(k, tuple) and len(k) == 4 and k[0] == name and k[2] < len(addresses)
+    }
+    # a value taken out of a step task's outputs is taken where they are: elsewhere the
+    # whole tuple would travel
+    for k, node in dsk.items():
+        deps = getattr(node, "dependencies", ())
+        if k not in placed and len(deps) == 1:
+            (d,) = deps
+            if d in placed:
+                placed[k] = placed[d]
+    return placed

@@ -63,6 +63,10 @@ def group_steps(
     name: Callable[[int], Hashable] | None = None,
     weight: Callable[[Hashable], int] | None = None,
     budget: int | None = None,
+    place: Callable[[Hashable], int | None] | None = None,
+    parts: int = 1,
+    strip: Callable[[Hashable], Hashable] = str,
+    serial: bool = False,
 ) -> dict | None:
     """The graph with each step's plain tasks run as one task (module docstring).
 
@@ -77,6 +81,22 @@ def group_steps(
         weight: bytes a task uses; with ``budget``, the most bytes a step's tasks may
             use together (a step over it is left as it is).
         budget: see ``weight``; None: no limit.
+        place: on ``parts`` worker processes, the worker (``0..parts-1``) of a member,
+            or None where it should go with what it reads
+            (:func:`dfdl.taskgraph.partition.tile_parts`). Each step then runs as one
+            task per worker and *stage*: a member's stage is the number of changes of
+            worker on its longest path of readers from the step's start, so the tasks
+            form no cycle; the task's key is ``(*name(s), worker, stage)``. Members
+            with no worker of their own take the worker of a member they read that
+            has none either, or else (the roots of reductions: a summed gradient,
+            merged moments, the loss) the workers in turn, in ``strip`` order of the
+            step's roots, the same in every step.
+        parts: see ``place``.
+        strip: with ``place``, a member's key without what changes from step to step
+            (:func:`dfdl.taskgraph.partition.stripped`).
+        serial: run each task's members one after another on its thread
+            (:func:`run_serial`: workers of one thread, where a helper thread would
+            take turns with another process's kernels) instead of :func:`run_local`.
 
     Returns:
         A new graph with the same requested keys and values, or None where no step can
@@ -89,7 +109,7 @@ def group_steps(
         True
     """
     keep = set(keep)
-    deps, readers, _, level = structure(dsk)
+    deps, readers, order, level = structure(dsk)
     steps: dict = {}
     for k, node in dsk.items():
         if type(node) is Task and isinstance(k, tuple) and len(k) > 1 and type(k[1]) is int:
@@ -101,11 +121,14 @@ def group_steps(
         and any(k not in keep for k in ms)
         and (weight is None or budget is None or sum(map(weight, ms)) <= budget)
     }
-    slot = {
-        m: name(s) if name is not None else min((k for k in ms if k not in keep), key=str)
-        for s, ms in steps.items()
-        for m in ms
-    }
+    if place is not None:
+        slot = _placed_slots(steps, deps, readers, order, place, parts, name, strip)
+    else:
+        slot = {
+            m: name(s) if name is not None else min((k for k in ms if k not in keep), key=str)
+            for s, ms in steps.items()
+            for m in ms
+        }
     if not slot or not _acyclic(deps, slot):
         return None
     out: dict = {}
@@ -113,7 +136,8 @@ def group_steps(
     groups: dict = {}  # step task's key -> (members by priority, exported members)
     tasks_of: dict = {}  # a task's key -> the members of every step it runs
     for ms in steps.values():
-        tasks_of.setdefault(slot[ms[0]], []).extend(ms)
+        for m in ms:
+            tasks_of.setdefault(slot[m], []).append(m)
     for g, ms in tasks_of.items():
         height = heights(readers, level, ms)
         members = sorted(ms, key=lambda m: (-height[m], str(m)))
@@ -135,7 +159,7 @@ def group_steps(
         outside = tuple(sorted({d for t in tasks for d in t.dependencies} - set(index), key=str))
         out[g] = Task(
             g,
-            run_local,
+            run_serial if serial else run_local,
             tasks,
             tuple(tuple(index[d] for d in deps[m] if d in index) for m in members),
             tuple(index[m] for m in exports),
@@ -144,6 +168,53 @@ def group_steps(
             _data_producer=any(t.data_producer for t in tasks),
         )
     return out
+
+
+def _placed_slots(
+    steps: Mapping, deps: Mapping, readers: Mapping, order: list, place, parts, name, strip
+) -> dict:
+    """Each member's task key ``(*name(s), worker, stage)`` (see :func:`group_steps`)."""
+    step_of = {m: s for s, ms in steps.items() for m in ms}
+    own = {m: place(m) for m in step_of}
+
+    def unplaced(m):  # the members of m's step it reads that have no worker of their own
+        return [d for d in deps[m] if step_of.get(d) == step_of[m] and own[d] is None]
+
+    def exported(m):  # read by a member on another worker
+        return any(where.get(r, where[m]) != where[m] for r in readers[m] if r in step_of)
+
+    # members with no worker of their own that read none such: the roots, in turn
+    roots: dict = {}
+    for m, p in own.items():
+        if p is None and not unplaced(m):
+            roots.setdefault(step_of[m], []).append(m)
+    where: dict = {}
+    for ms in roots.values():
+        for i, m in enumerate(sorted(ms, key=strip)):
+            where[m] = i % parts
+    for k in order:
+        if k in step_of and k not in where:
+            p = own[k]
+            # goes with a member it reads that has no worker either
+            where[k] = p if p is not None else where[min(unplaced(k), key=strip)]
+    stage: dict = {}
+    for k in order:
+        s = k[1] if isinstance(k, tuple) and len(k) > 1 else None
+        inside = [d for d in deps[k] if d in stage and stage[d][0] == s]
+        if k not in step_of:  # a node of no step task: a change of worker around it
+            stage[k] = (s, 1 + max((stage[d][1] for d in inside), default=-1))
+            continue
+        p = where[k]
+        # a new stage after a change of worker, and after a member another worker reads
+        # (it is there for that worker only once its task ends)
+        stage[k] = (
+            s,
+            max(
+                (stage[d][1] + (d not in where or where[d] != p or exported(d)) for d in inside),
+                default=0,
+            ),
+        )
+    return {m: (*name(step_of[m]), where[m], stage[m][1]) for m in step_of}
 
 
 def _substituted(key, node, subs: dict):

@@ -536,10 +536,10 @@ def _engine(base: GraphOptions = GraphOptions(), **change) -> EngineOptions:
     return EngineOptions(graph=replace(base, rules=replace(base.rules, **rules), **graph))
 
 
-def _switched(option, client, model, base: GraphOptions = GraphOptions()):
+def _switched(option, client, model, base: GraphOptions = GraphOptions(worker_tasks=False)):
     """Training runs with the task-graph ``option`` (a field of GraphOptions or
     FuseRules) off, then on: the two task counts; their losses and weights must be the
-    same bits."""
+    same bits. The task counts are fusion's: per-worker step tasks are off by default."""
     tiles = {"batch": 2, "model": 1, "split_norms": 1}
     runs = []
     for on in (False, True):

@@ -1,0 +1,207 @@
+"""A step's tiles shared out over several worker processes (``dfdl.taskgraph.partition``
+and ``group_steps`` with ``place``): the same values, each worker's share of a step as
+one task per stage, each task on its worker."""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+
+import numpy as np
+import pytest
+from dask.local import get_sync
+from dask.task_spec import DataNode, Task, TaskRef
+from dask.utils import key_split
+from distributed import get_task_stream
+
+import dfdl
+import dfdl.models
+from dfdl.ir.onnx_io import to_ir
+from dfdl.ops.registry import TensorType
+from dfdl.plan.compile import Workers, compile_step
+from dfdl.runtime.session import EngineOptions
+from dfdl.taskgraph import step_tasks
+from dfdl.taskgraph.lower import lower, split_tiles
+from dfdl.taskgraph.optimize import GraphOptions, worker_restrictions
+from dfdl.taskgraph.partition import replicate_merges, stripped, tile_parts
+from dfdl.taskgraph.step_tasks import group_steps, run_local, run_serial
+from tests.taskgraph.test_fuse import _train
+
+
+def _t(key, fn, *args):
+    return Task(key, fn, *(TaskRef(a) if isinstance(a, tuple) else a for a in args))
+
+
+def _batchnorm_like():
+    """One step on two batch tiles: a layer, a merge of both tiles' sums (what
+    BatchNormalization's moments are), a second layer reading the merge, a loss."""
+    dsk = {("w", 0): DataNode(("w", 0), 3.0)}
+    for i in (0, 1):
+        dsk[("x", 0, i)] = DataNode(("x", 0, i), float(i + 2))
+        dsk[("a", 0, i)] = _t(("a", 0, i), operator.mul, ("x", 0, i), ("w", 0))
+    dsk[("m", 0)] = _t(("m", 0), operator.add, ("a", 0, 0), ("a", 0, 1))
+    for i in (0, 1):
+        dsk[("c", 0, i)] = _t(("c", 0, i), operator.sub, ("a", 0, i), ("m", 0))
+    dsk[("loss", 0)] = _t(("loss", 0), operator.add, ("c", 0, 0), ("c", 0, 1))
+    return dsk
+
+
+def _place(key):
+    return key[2] if key[0] in ("a", "c") else None
+
+
+KEEP = [("loss", 0)]
+
+
+def _grouped(dsk, place=_place):
+    return group_steps(dsk, keep=KEEP, name=lambda s: ("step", s), place=place, parts=2, strip=str)
+
+
+def _members(out):
+    """Each per-worker task's key with the keys of the tasks it runs."""
+    return {
+        k: [t.key for t in v.args[0]]
+        for k, v in out.items()
+        if getattr(v, "func", None) in (run_local, run_serial)
+    }
+
+
+def test_each_worker_s_share_runs_as_its_own_tasks_with_the_same_values():
+    dsk = _batchnorm_like()
+    out = _grouped(dsk)
+    assert get_sync(out, KEEP) == get_sync(dsk, KEEP)
+    groups = _members(out)
+    for (_, _, part, _), members in groups.items():
+        assert {_place(m) for m in members} - {None} <= {part}
+    # the merge waits for both tiles: the second layer is a later stage on each worker
+    stage = {m: g[3] for g, ms in groups.items() for m in ms}
+    for i in (0, 1):
+        assert stage[("c", 0, i)] > stage[("a", 0, i)]
+
+
+def test_a_member_another_worker_reads_ends_its_task():
+    dsk = _batchnorm_like()
+    groups = _members(_grouped(dsk))
+    (merge_group,) = [g for g, ms in groups.items() if ("m", 0) in ms]
+    part = merge_group[2]
+    # the reader on the merge's own worker starts a new task: the other worker gets the
+    # merge when that task ends, not after the reader too
+    reader = ("c", 0, part)
+    assert not any(("m", 0) in ms and reader in ms for ms in groups.values())
+
+
+def test_a_tiny_merge_is_computed_again_on_each_worker_that_reads_it():
+    dsk = _batchnorm_like()
+    copied, place = replicate_merges(dsk, KEEP, _place, tiny=lambda k: True)
+    assert ("m", 0) not in copied
+    assert {place(k) for k in copied if k[0] == "m"} == {0, 1}
+    assert get_sync(copied, KEEP) == get_sync(dsk, KEEP)
+    out = _grouped(copied, place)
+    assert get_sync(out, KEEP) == get_sync(dsk, KEEP)
+    # each worker merges the sums itself, in the task of the layer that reads them: one
+    # task before the exchange and one after (and the loss, another exchange, on one)
+    groups = _members(out)
+    for i in (0, 1):
+        assert any(("m", 0, f"on{i}") in ms and ("c", 0, i) in ms for ms in groups.values())
+    assert Counter(g[2] for g in groups) == {0: 3, 1: 2}
+
+
+def test_a_large_merge_is_not_copied():
+    dsk = _batchnorm_like()
+    copied, _ = replicate_merges(dsk, KEEP, _place, tiny=lambda k: False)
+    assert copied == dsk
+
+
+def test_the_restrictions_pin_each_task_and_its_outputs_to_its_worker():
+    dsk = {
+        ("train-step-ab12cd34", 0, 1, 2): Task(("train-step-ab12cd34", 0, 1, 2), tuple, [1]),
+        ("w", 1): Task(("w", 1), operator.getitem, TaskRef(("train-step-ab12cd34", 0, 1, 2)), 0),
+        ("other", 0): Task(("other", 0), abs, -1),
+    }
+    pinned = worker_restrictions(dsk, "ab12cd34", ["tcp://a:1", "tcp://b:2"])
+    assert pinned == {("train-step-ab12cd34", 0, 1, 2): ["tcp://b:2"], ("w", 1): ["tcp://b:2"]}
+
+
+def test_stripped_keys_are_the_same_in_every_step():
+    assert stripped(("conv-fwd-ab12cd34", 0, 1, 0), "ab12cd34") == stripped(
+        ("conv-fwd-ab12cd34", 7, 1, 0), "ab12cd34"
+    )
+
+
+@pytest.fixture(scope="module")
+def resnet_like():
+    return dfdl.models.resnet(
+        in_channels=2, image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3
+    )
+
+
+def test_tile_parts_follow_the_batch_tile_and_leave_reductions_open(resnet_like):
+    sp = compile_step(
+        to_ir(resnet_like),
+        {"x": TensorType((8, 2, 8, 8), np.float32)},
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9),
+        labels=TensorType((8,), np.int64),
+        tiles={"batch": 2, "model": 1, "split_norms": 1},
+        workers=Workers(2, 2, 1),
+    )
+    dsk, _ = lower(sp.plan, _sources(sp), step=3, token="ab12cd34")
+    part = tile_parts([sp], "ab12cd34", 2)
+    convs = [k for k in dsk if k[0] == "stem.conv-fwd-ab12cd34"]
+    assert sorted(convs) == [("stem.conv-fwd-ab12cd34", 3, n, 0, 0, 0) for n in (0, 1)]
+    assert [part(k) for k in sorted(convs)] == [0, 1]
+    # the moments' partial sums go with their batch tile; the merged moments and the
+    # weights' update are no batch tile's: grouping places them
+    partials = sorted(k for k in dsk if k[0] == "stem.bn.moments-fwd-partial-ab12cd34")
+    assert [part(k) for k in partials] == [0, 1]
+    updates = [k for k in dsk if "-update-" in k[0]]
+    moments = [k for k in dsk if k[0] == "stem.bn.moments-fwd-ab12cd34"]
+    assert updates and moments
+    assert {part(k) for k in updates + moments} == {None}
+    # three workers: the two batch tiles go to the first and the second
+    assert [tile_parts([sp], "ab12cd34", 3)(k) for k in sorted(convs)] == [0, 1]
+
+
+def _sources(sp):
+    """Every input of a step plan as numpy tiles (zeros where not a constant)."""
+    graph = sp.plan.graph
+    made = {o for n in graph.nodes for o in n.outputs}
+    return {
+        name: split_tiles(
+            np.asarray(graph.initializers[name])
+            if name in graph.initializers
+            else np.zeros(graph.types[name].shape, graph.types[name].dtype),
+            chunks,
+        )
+        for name, chunks in sp.plan.chunks.items()
+        if name not in made
+    }
+
+
+def test_two_workers_train_bit_identically_to_one_with_per_worker_tasks(client, resnet_like):
+    from distributed import Client
+
+    tiles = {"batch": 2, "model": 1, "split_norms": 1}
+    with (
+        dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="1GiB") as cluster,
+        Client(cluster) as one,
+    ):
+        alone, _ = _train(resnet_like, one, EngineOptions(), tiles)
+    per_tile, n_tiles = _train(
+        resnet_like, client, EngineOptions(graph=GraphOptions(worker_tasks=False)), tiles
+    )
+    with get_task_stream(client) as ts:
+        shared, _ = _train(resnet_like, client, EngineOptions(), tiles)
+    for run in (per_tile, shared):
+        assert run.history["loss"] == alone.history["loss"]
+        for k, v in alone.params.items():
+            np.testing.assert_array_equal(run.params[k], v, err_msg=k)
+    steps = [r for r in ts.data if key_split(r["key"]) == step_tasks.STEP_NAME]
+    assert len(ts.data) < n_tiles, (len(ts.data), n_tiles)
+    # each worker ran its own share: a part's tasks all on one worker, the parts apart
+    workers = sorted(client.scheduler_info()["workers"])
+    by_part = {}
+    for r in steps:
+        key = eval(r["key"]) if isinstance(r["key"], str) else r["key"]  # noqa: S307
+        by_part.setdefault(key[2], set()).add(r["worker"])
+    assert by_part == {0: {workers[0]}, 1: {workers[1]}}, by_part
