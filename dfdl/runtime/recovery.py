@@ -38,6 +38,7 @@ from dask.utils import format_bytes
 from distributed.comm.core import CommClosedError
 
 from dfdl.errors import TrainingError
+from dfdl.taskgraph.exchange import PeerLostError
 
 #: rollbacks one ``dfdl.train`` call makes before it gives up; each one needs a worker
 #: to die again, so more than a few means the cluster itself is failing
@@ -57,8 +58,9 @@ MEMORY_EVENT_WAIT_S = 1.0
 
 
 def is_lost_data(exc: BaseException) -> bool:
-    """Whether ``exc`` means data died with a worker (as opposed to a failing task)."""
-    return isinstance(exc, (CancelledError, CommClosedError))
+    """Whether ``exc`` means data died with a worker (as opposed to a failing task),
+    or a worker's share of a step lost the worker it was exchanging values with."""
+    return isinstance(exc, (CancelledError, CommClosedError, PeerLostError))
 
 
 @dataclass

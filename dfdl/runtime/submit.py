@@ -46,14 +46,14 @@ except ImportError:  # pragma: no cover - the fallback above never builds one
 
 
 class _Placed(_LLGExpr):
-    """A low-level graph whose listed keys prefer the given workers: loose restrictions,
-    so a task still runs elsewhere when its worker is gone (recovery)."""
+    """A low-level graph whose listed keys run on the given workers only (a worker's
+    share of a step sends to and receives from the other workers by address; when its
+    worker is lost, the trainer's recovery resubmits for the workers left)."""
 
     _parameters = ["dsk", "workers"]
 
     def __dask_annotations__(self):
-        workers = self.operand("workers")
-        return {"workers": workers, "allow_other_workers": dict.fromkeys(workers, True)}
+        return {"workers": self.operand("workers")}
 
 
 def get(
@@ -73,8 +73,7 @@ def get(
         keys: the keys to compute.
         sync: wait for and return the results (else futures).
         resources: worker resources every task needs (``{"GPU": 1}``), or None.
-        workers: the workers each listed key should run on (loose restrictions: another
-            worker runs it when none of these is there), or None.
+        workers: the workers each listed key must run on, or None.
 
     Returns:
         What ``Client.get`` returns: futures (``sync=False``) or results, in the order

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import threading
@@ -273,17 +274,19 @@ def run_steps(
     )
     roster: dict = {}
 
-    def nthreads() -> list[int]:
+    def nthreads() -> dict[str, int]:
         # one round trip to the scheduler, only when tasks are grouped; the workers in
         # address order, so that a worker keeps its share from submission to submission
         roster.update(sorted(client.nthreads().items()))
-        return list(roster.values())
+        return dict(roster)
 
+    # a hybrid cluster's placement (its GPU workers) has the last word: no shares
+    hybrid = bool(state.placement.get("workers"))
+    if hybrid:
+        options = dataclasses.replace(options, worker_tasks=False)
     dsk = optimize(dsk, wanted, used.values(), token=token, nthreads=nthreads, options=options)
     t1 = time.perf_counter()
     resources = state.placement.get("resources")
-    # a hybrid cluster's placement (GPU workers) has the last word
-    hybrid = bool(state.placement.get("workers"))
     pinned = worker_restrictions(dsk, token, list(roster)) if roster and not hybrid else None
     futures = dict(
         zip(wanted, submit.get(client, dsk, wanted, resources=resources, workers=pinned))

@@ -66,6 +66,10 @@ class GraphOptions:
             (:mod:`dfdl.taskgraph.partition`) runs as one task per stage between
             exchanges with the other workers (:func:`~dfdl.taskgraph.step_tasks.group_steps`
             with ``place``).
+        exchange: with ``worker_tasks``, and where the workers' addresses are known,
+            what one worker's tiles read from another's in the same step passes
+            between them directly (:mod:`dfdl.taskgraph.exchange`): one task per worker
+            and step; otherwise a task per stage between exchanges.
         programs: a submitted group of steps is compiled once per shape into one task
             and later groups of that shape reuse it (:mod:`dfdl.taskgraph.program`):
             on a GPU worker building each step's graph would set the pace.
@@ -79,6 +83,7 @@ class GraphOptions:
     pack: bool = True
     steps_per_task: int = 1
     worker_tasks: bool = True
+    exchange: bool = True
     programs: bool = False
 
 
@@ -88,7 +93,7 @@ def optimize(
     plans: Iterable[StepPlan],
     *,
     token: str,
-    nthreads: Callable[[], Sequence[int]],
+    nthreads: Callable[[], Sequence[int] | Mapping[str, int]],
     options: GraphOptions = GraphOptions(),
 ) -> dict:
     """The submission ``dsk`` with its tasks grouped (see the module docstring).
@@ -99,7 +104,8 @@ def optimize(
         plans: the step plans the graph was lowered from (for the size of each node's
             tasks and which ops are contractions).
         token: the run token in the graph's keys (:func:`dfdl.taskgraph.lower.new_token`).
-        nthreads: called once, only if tasks are grouped: each worker process's threads.
+        nthreads: called once, only if tasks are grouped: each worker process's threads
+            (by address: then values may pass between workers directly).
         options: which groupings apply.
 
     Returns:
@@ -108,7 +114,9 @@ def optimize(
     plans = list(plans)
     keep = list(keep)
     if options.fuse and all(sp.fits for sp in plans):
-        threads = list(nthreads())
+        roster = nthreads()
+        threads = list(roster.values() if isinstance(roster, Mapping) else roster)
+        peers = list(roster) if isinstance(roster, Mapping) and options.exchange else None
         one_worker = len(threads) == 1
         tiny = _tiny_outputs(plans, token)
         dsk = fuse_into_consumers(
@@ -149,6 +157,7 @@ def optimize(
                 parts=len(threads),
                 strip=lambda k: partition.stripped(k, token),
                 serial=max(threads) == 1,
+                peers=peers if max(threads) == 1 else None,
             )
         if grouped is not None:
             dsk = grouped

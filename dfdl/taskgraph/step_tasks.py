@@ -36,16 +36,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import graphlib
 import heapq
 import operator
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from dask.task_spec import Alias, Task, TaskRef
 
-from dfdl.taskgraph import gang
+from dfdl.taskgraph import exchange, gang
 from dfdl.taskgraph.fuse import heights, structure
 from dfdl.taskgraph.tile_exec import Outputs
 
@@ -67,6 +68,7 @@ def group_steps(
     parts: int = 1,
     strip: Callable[[Hashable], Hashable] = str,
     serial: bool = False,
+    peers: Sequence[str] | None = None,
 ) -> dict | None:
     """The graph with each step's plain tasks run as one task (module docstring).
 
@@ -94,6 +96,11 @@ def group_steps(
         parts: see ``place``.
         strip: with ``place``, a member's key without what changes from step to step
             (:func:`dfdl.taskgraph.partition.stripped`).
+        peers: with ``place``, the address of each worker (by its number): then each
+            worker's share of a step is ONE task, ``(*name(s), worker, 0)``, whose
+            members run one after another in one order common to all workers, sending
+            what another worker's members read straight to that worker
+            (:mod:`dfdl.taskgraph.exchange`, :func:`run_exchange`); stages otherwise.
         serial: run each task's members one after another on its thread
             (:func:`run_serial`: workers of one thread, where a helper thread would
             take turns with another process's kernels) instead of :func:`run_local`.
@@ -121,15 +128,32 @@ def group_steps(
         and any(k not in keep for k in ms)
         and (weight is None or budget is None or sum(map(weight, ms)) <= budget)
     }
+    step_of = {m: s for s, ms in steps.items() for m in ms}
+    direct = place is not None and peers is not None
     if place is not None:
-        slot = _placed_slots(steps, deps, readers, order, place, parts, name, strip)
+        where = _workers(step_of, deps, order, place, parts, strip)
+        if direct:
+            slot = {m: (*name(step_of[m]), where[m], 0) for m in step_of}
+        else:
+            stage = _stages(step_of, deps, readers, order, where)
+            slot = {m: (*name(step_of[m]), where[m], stage[m]) for m in step_of}
     else:
         slot = {
             m: name(s) if name is not None else min((k for k in ms if k not in keep), key=str)
             for s, ms in steps.items()
             for m in ms
         }
-    if not slot or not _acyclic(deps, slot):
+
+    def peer(m, r):  # r reads m from another worker's task of the same step
+        return (
+            direct and m in slot and r in slot and slot[r] != slot[m] and step_of[r] == step_of[m]
+        )
+
+    # what passes between workers directly is no dependency of the step's tasks
+    links = {
+        k: {d for d in ds if not (k in slot and d in slot and peer(d, k))} for k, ds in deps.items()
+    }
+    if not slot or not _acyclic(links, slot):
         return None
     out: dict = {}
     subs: dict = {}  # reader outside a step -> {member: its value from the step's task}
@@ -138,50 +162,92 @@ def group_steps(
     for ms in steps.values():
         for m in ms:
             tasks_of.setdefault(slot[m], []).append(m)
+    sends: dict = {}  # step task's key -> (member, the workers it is sent to)
+    received: dict = {}  # step task's key -> the members of other workers it reads
     for g, ms in tasks_of.items():
         height = heights(readers, level, ms)
         members = sorted(ms, key=lambda m: (-height[m], str(m)))
-        exports = [m for m in members if m in keep or any(slot.get(r) != g for r in readers[m])]
+        if direct:
+            sends[g] = [
+                (m, sorted({slot[r][2] for r in readers[m] if peer(m, r)}))
+                for m in members
+                if any(peer(m, r) for r in readers[m])
+            ]
+            received[g] = {d for m in ms for d in deps[m] if peer(d, m)}
+        exports = [
+            m
+            for m in members
+            if m in keep or any(slot.get(r) != g and not peer(m, r) for r in readers[m])
+        ]
         for i, m in enumerate(exports):
             value = Task(m, operator.getitem, TaskRef(g), i)
             if m in keep:
                 out[m] = value
             for r in readers[m]:
-                if slot.get(r) != g:
+                if slot.get(r) != g and not peer(m, r):
                     subs.setdefault(r, {})[m] = value
         groups[g] = (members, exports)
     nodes = {k: _substituted(k, v, subs[k]) if k in subs else v for k, v in dsk.items()}
     out.update((k, node) for k, node in nodes.items() if k not in slot)
     for g, (members, exports) in groups.items():
+        taken = received.get(g, set())
+        if direct:  # after the members: what arrives is taken whenever it does
+            members = [*members, *sorted(taken, key=str)]
         index = {m: i for i, m in enumerate(members)}
-        tasks = tuple(nodes[m] for m in members)
+        tasks = tuple(
+            Task(m, exchange.receive, exchange.name(m)) if m in taken else nodes[m] for m in members
+        )
         # after the substitution: values of other steps come from their steps' tasks
         outside = tuple(sorted({d for t in tasks for d in t.dependencies} - set(index), key=str))
+        member_deps = tuple(
+            () if m in taken else tuple(index[d] for d in deps[m] if d in index) for m in members
+        )
+        head = (tasks, member_deps, tuple(index[m] for m in exports))
+        if direct:
+            owed = tuple((index[m], tuple(ps)) for m, ps in sends[g])
+            head = (*head, owed, tuple(peers))
         out[g] = Task(
             g,
-            run_serial if serial else run_local,
-            tasks,
-            tuple(tuple(index[d] for d in deps[m] if d in index) for m in members),
-            tuple(index[m] for m in exports),
+            run_exchange if direct else run_serial if serial else run_local,
+            *head,
             outside,
             *(TaskRef(d) for d in outside),
             _data_producer=any(t.data_producer for t in tasks),
         )
+    if direct:
+        _anchor_silent(out, groups, keep, step_of, slot)
     return out
 
 
-def _placed_slots(
-    steps: Mapping, deps: Mapping, readers: Mapping, order: list, place, parts, name, strip
-) -> dict:
-    """Each member's task key ``(*name(s), worker, stage)`` (see :func:`group_steps`)."""
-    step_of = {m: s for s, ms in steps.items() for m in ms}
+def _anchor_silent(out: dict, groups: Mapping, keep: set, step_of: Mapping, slot: Mapping):
+    """Make a requested value of each step wait for the step's tasks whose values no task
+    reads (a worker's share that only sends): Dask would drop a task nothing needs,
+    and their errors reach the caller this way."""
+    silent: dict = {}
+    for g, (_, exports) in groups.items():
+        if not exports:
+            silent.setdefault(g[-3], []).append(g)
+    for s, gs in silent.items():
+        anchors = sorted((m for m in keep if step_of.get(m) == s), key=str)
+        if not anchors:
+            continue
+        m = anchors[0]
+        g = slot[m]
+        i = groups[g][1].index(m)
+        out[m] = Task(m, _item_after, TaskRef(g), i, *(TaskRef(x) for x in gs))
+
+
+def _item_after(values, i: int, *_done):
+    """``values[i]``, once the tasks given after it are done (their values unused)."""
+    return values[i]
+
+
+def _workers(step_of: Mapping, deps: Mapping, order: list, place, parts, strip) -> dict:
+    """Each member's worker (see :func:`group_steps`'s ``place``)."""
     own = {m: place(m) for m in step_of}
 
     def unplaced(m):  # the members of m's step it reads that have no worker of their own
         return [d for d in deps[m] if step_of.get(d) == step_of[m] and own[d] is None]
-
-    def exported(m):  # read by a member on another worker
-        return any(where.get(r, where[m]) != where[m] for r in readers[m] if r in step_of)
 
     # members with no worker of their own that read none such: the roots, in turn
     roots: dict = {}
@@ -197,6 +263,16 @@ def _placed_slots(
             p = own[k]
             # goes with a member it reads that has no worker either
             where[k] = p if p is not None else where[min(unplaced(k), key=strip)]
+    return where
+
+
+def _stages(step_of: Mapping, deps: Mapping, readers: Mapping, order: list, where) -> dict:
+    """Each member's stage: a new one after a change of worker, and after a member
+    another worker reads (it is there for that worker only once its task ends)."""
+
+    def exported(m):
+        return any(where.get(r, where[m]) != where[m] for r in readers[m] if r in step_of)
+
     stage: dict = {}
     for k in order:
         s = k[1] if isinstance(k, tuple) and len(k) > 1 else None
@@ -205,8 +281,6 @@ def _placed_slots(
             stage[k] = (s, 1 + max((stage[d][1] for d in inside), default=-1))
             continue
         p = where[k]
-        # a new stage after a change of worker, and after a member another worker reads
-        # (it is there for that worker only once its task ends)
         stage[k] = (
             s,
             max(
@@ -214,7 +288,7 @@ def _placed_slots(
                 default=0,
             ),
         )
-    return {m: (*name(step_of[m]), where[m], stage[m][1]) for m in step_of}
+    return {m: stage[m][1] for m in step_of}
 
 
 def _substituted(key, node, subs: dict):
@@ -293,6 +367,74 @@ def run_serial(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *value
         sched.done(i, task(cache))
         if trace is not None:
             trace.append((task.key, threading.current_thread().name, start, time.time()))
+    return Outputs(cache[tasks[i].key] for i in exports)
+
+
+def run_exchange(
+    tasks: tuple, deps: tuple, exports: tuple, owed: tuple, peers: tuple, outside: tuple, *values
+) -> Outputs:
+    """One worker's share of a step, on this thread, exchanging values with the other
+    workers' shares: ``owed`` holds ``(i, workers)``, the value of ``tasks[i]`` to send
+    to those workers (their addresses in ``peers``) once computed; the values this share
+    reads from them are tasks of :func:`dfdl.taskgraph.exchange.receive` (standing for
+    the value to take). When a task fails, what was still owed is sent as a failure, so
+    no reader waits for it.
+
+    Example:
+        >>> from dask.task_spec import Task, TaskRef
+        >>> run_exchange((Task("a", min, TaskRef("x"), 0), Task("b", abs, TaskRef("a"))),
+        ...              ((), (0,)), (1,), ((0, (1,)),), ("w0", "w1"), ("x",), -5)
+        (5,)
+        >>> exchange.receive("a", timeout=1)
+        -5
+
+    The tasks come in priority order (the longest path of readers ahead first); a
+    worker runs the first whose inputs are all there, taking what other workers sent
+    as it arrives, and waits only when nothing can run: since the step's tasks form no
+    cycle, some worker can always run one, and no worker waits for ever.
+    """
+    exchange.begin()
+    cache = dict(zip(outside, values, strict=True))
+    STEP_VALUES.values = cache
+    sched = _Schedule(tasks, deps, exports, cache)
+    # the values other workers send: taken as they arrive, waited for only when nothing
+    # here can run (so no two workers' tasks ever wait for each other)
+    coming = {i: exchange.name(t.key) for i, t in enumerate(tasks) if t.func is exchange.receive}
+    sched.ready = [i for i in sched.ready if i not in coming]
+    heapq.heapify(sched.ready)
+    sends = dict(owed)
+    outbox = exchange.Outbox()
+    trace = gang.TRACE
+    try:
+        while True:
+            for i, value in exchange.take(coming) if coming else ():
+                sched.done(i, value)
+            if not sched.ready:
+                if not coming:
+                    break
+                exchange.wait_any(coming)
+                continue
+            i = heapq.heappop(sched.ready)
+            task = tasks[i]
+            start = time.time() if trace is not None else 0.0
+            value = task(cache)
+            sched.done(i, value)
+            for p in sends.pop(i, ()):
+                outbox.send(peers[p], task.key, value)
+            if trace is not None:
+                trace.append((task.key, threading.current_thread().name, start, time.time()))
+    except BaseException as e:
+        for j, ps in sends.items():
+            for p in ps:
+                outbox.fail(
+                    peers[p],
+                    tasks[j].key,
+                    f"{tasks[j].key!r} failed on another worker: {type(e).__name__}: {e}",
+                )
+        with contextlib.suppress(Exception):  # the task's own error is the one to see
+            outbox.close()
+        raise
+    outbox.close()
     return Outputs(cache[tasks[i].key] for i in exports)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import operator
 from collections import Counter
 
+import dask.threaded
 import numpy as np
 import pytest
 from dask.local import get_sync
@@ -24,7 +25,7 @@ from dfdl.taskgraph import step_tasks
 from dfdl.taskgraph.lower import lower, split_tiles
 from dfdl.taskgraph.optimize import GraphOptions, worker_restrictions
 from dfdl.taskgraph.partition import replicate_merges, stripped, tile_parts
-from dfdl.taskgraph.step_tasks import group_steps, run_local, run_serial
+from dfdl.taskgraph.step_tasks import group_steps, run_exchange, run_local, run_serial
 from tests.taskgraph.test_fuse import _train
 
 
@@ -88,6 +89,23 @@ def test_a_member_another_worker_reads_ends_its_task():
     # merge when that task ends, not after the reader too
     reader = ("c", 0, part)
     assert not any(("m", 0) in ms and reader in ms for ms in groups.values())
+
+
+def test_with_peers_each_worker_s_share_is_one_task_passing_values_directly():
+    dsk = _batchnorm_like()
+    out = group_steps(
+        dsk, keep=KEEP, name=lambda s: ("step", s), place=_place, parts=2, strip=str,
+        peers=("w0", "w1"),
+    )  # fmt: skip
+    groups = {k: v for k, v in out.items() if getattr(v, "func", None) is run_exchange}
+    assert sorted(groups) == [("step", 0, 0, 0), ("step", 0, 1, 0)]
+    # no dependency between the two: what crosses is sent; the worker that only sends
+    # is waited for by the requested loss, so Dask keeps it and its errors surface
+    for g, node in groups.items():
+        assert not node.dependencies & set(groups), g
+    assert {("step", 0, 0, 0), ("step", 0, 1, 0)} <= out[("loss", 0)].dependencies
+    # both run at once (threads stand in for workers: values go to this process's mailbox)
+    assert dask.threaded.get(out, KEEP, num_workers=2) == get_sync(dsk, KEEP)
 
 
 def test_a_tiny_merge_is_computed_again_on_each_worker_that_reads_it():
