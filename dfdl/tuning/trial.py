@@ -6,7 +6,8 @@ every epoch's end, after reporting that epoch: a trial restarted after the tuner
 killed resumes from its last checkpoint, and a reported epoch's decision (stored as
 the trial's ``dfdl_rung_<epoch>`` attribute) is not taken again. What the trial learns is
 kept in the study as it goes: each epoch's training losses and validation metrics
-(user attributes ``losses_<epoch>``, ``val_<epoch>``); a completed trial's trained model
+(user attributes ``losses_<epoch>``, ``val_<epoch>``), and how often it started
+(``starts``: more than 1 after a resume); a completed trial's trained model
 is written to ``model.onnx`` in its folder, and its checkpoints are then removed.
 
 A trial whose training raises (a NaN loss, a plan that does not fit memory, a
@@ -119,6 +120,7 @@ def run_trial(ctx: TrialContext, frozen, gate: RungGate) -> str:
                 trial.set_user_attr(f"{RUNG}{end.epoch}", decided[end.epoch])
         return decided[end.epoch] == "prune"
 
+    trial.set_user_attr("starts", int(frozen.user_attrs.get("starts", 0)) + 1)
     state, value = "failed", None
     try:
         if "prune" in decided.values():  # killed after the decision, before the tell

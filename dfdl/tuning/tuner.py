@@ -252,8 +252,20 @@ def tune(
         "trials": trials,
     }
     workers = _workers(client)
-    ctx = TrialContext(None, study_name, resolved, model, data, len(X), validation, metric, seed, folder,
-                       client, None)  # fmt: skip
+    ctx = TrialContext(
+        study=None,
+        study_name=study_name,
+        space=resolved,
+        model=model,
+        data=data,
+        samples=len(X),
+        validation=validation,
+        metric=metric,
+        seed=seed,
+        trials_dir=folder,
+        client=client,
+        on_end=None,
+    )
     biggest = check_trials(resolved, ctx, workers)
     epochs = max(int(v) for v in resolved.options("epochs")) if "epochs" in resolved.where else 1
     pruner_obj = studies.make_pruner(pruner, epochs)
