@@ -104,6 +104,8 @@ def run_trial(ctx: TrialContext, frozen, gate: RungGate) -> str:
     reported = dict(frozen.intermediate_values)
     key = ctx.metric.removeprefix("val_")
     folder = ctx.trials_dir / f"trial-{number}"
+    values = ctx.space.decode(frozen.params)
+    epochs = 1  # the trial's, set below where a bad value fails the trial
 
     def on_epoch(end: EpochEnd) -> bool:
         value = end.metrics.get(key, math.nan)
@@ -116,7 +118,9 @@ def run_trial(ctx: TrialContext, frozen, gate: RungGate) -> str:
                 if end.epoch not in reported:
                     trial.report(value, end.epoch)
                     reported[end.epoch] = value
-                decided[end.epoch] = "prune" if trial.should_prune() else "continue"
+                # the last epoch has nothing left to save: the trial completes
+                last = end.epoch >= epochs
+                decided[end.epoch] = "prune" if not last and trial.should_prune() else "continue"
                 trial.set_user_attr(f"{RUNG}{end.epoch}", decided[end.epoch])
         return decided[end.epoch] == "prune"
 
@@ -126,7 +130,7 @@ def run_trial(ctx: TrialContext, frozen, gate: RungGate) -> str:
         if "prune" in decided.values():  # killed after the decision, before the tell
             state = "pruned"
         else:
-            values = ctx.space.decode(frozen.params)
+            epochs = ctx.space.arguments(values).train.get("epochs", 1)
             t0 = time.perf_counter()
             result = session_for(ctx, number, values, on_epoch).run(ctx.client)
             trial.set_user_attr("train_s", time.perf_counter() - t0)
