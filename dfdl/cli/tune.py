@@ -163,7 +163,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from dfdl.cli.train import save_trained
     from dfdl.errors import DataError
     from dfdl.runtime.output import check_output_path
-    from dfdl.tuning import tune
+    from dfdl.tuning.tuner import Tuner
 
     check_output_path(args.output, "-o")
     space = read_space(args.space)
@@ -182,31 +182,31 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if v is not None
     }
     start = time.perf_counter()
+    tuner = Tuner(
+        args.model,
+        data=(X, y),
+        validation=(Xv, yv),
+        space=space,
+        trials=args.trials,
+        metric=args.metric,
+        pruner=args.pruner,
+        sampler=args.sampler,
+        seed=args.seed,
+        concurrency=args.concurrency,
+        wave=args.wave,
+        storage=args.storage,
+        study_name=args.study_name,
+        trials_dir=args.trials_dir,
+        resume=args.resume,
+        **fixed,
+    )  # every check made: only now connect
     with contextlib.ExitStack() as stack:
         client = None
         if args.scheduler:
             from dfdl.runtime.cluster import open_client
 
             client = stack.enter_context(open_client(args.scheduler))
-        result = tune(
-            args.model,
-            data=(X, y),
-            validation=(Xv, yv),
-            space=space,
-            trials=args.trials,
-            metric=args.metric,
-            pruner=args.pruner,
-            sampler=args.sampler,
-            seed=args.seed,
-            concurrency=args.concurrency,
-            wave=args.wave,
-            storage=args.storage,
-            study_name=args.study_name,
-            trials_dir=args.trials_dir,
-            resume=args.resume,
-            client=client,
-            **fixed,
-        )
+        result = tuner.run(client)
     save_trained(result, args.output)
     counts = result.counts()
     shown = ", ".join(f"{k}={v!r}" for k, v in result.best_params.items())

@@ -158,23 +158,24 @@ class SearchSpace:
         return TrialArguments(train, optimizer, model_kwargs)
 
     def corners(self) -> list[dict[str, Any]]:
-        """Values at the low and at the high end of every searched key (each choice's
-        first and last value): the trials checked before any cluster starts.
+        """Values at the low and at the high end of every searched key (a choice's
+        first and last value), and each other value of a choice: the trials checked
+        before any cluster starts.
 
         Example:
             >>> len(space.corners())  # doctest: +SKIP
             2
         """
         low, high = {}, {}
+        middles = []
         for key, dist in self.searched.items():
-            if key in self.choices:
-                values = self.choices[key].values
+            if key in self.choices or hasattr(dist, "choices"):
+                values = self.options(key)
                 low[key], high[key] = values[0], values[-1]
-            elif hasattr(dist, "choices"):
-                low[key], high[key] = dist.choices[0], dist.choices[-1]
+                middles += [(key, v) for v in values[1:-1]]
             else:
                 low[key], high[key] = dist.low, dist.high
-        return [low, high]
+        return [low, high, *({**low, key: v} for key, v in middles)]
 
     def options(self, key: str) -> list:
         """Every value a searched key can take where there are few (a choice), else its

@@ -75,7 +75,10 @@ def session_for(ctx: TrialContext, number: int, values: dict[str, Any], on_epoch
     args = ctx.space.arguments(values)
     train = dict(args.train)
     folder = ctx.trials_dir / f"trial-{number}"
-    every = steps_per_epoch(ctx.samples, train.get("batch_size", 64), train.get("drop_last", False))
+    batch = train.get("batch_size", 64)
+    every = None  # a bad batch size is TrainConfig's error, named there
+    if isinstance(batch, int) and batch >= 1:
+        every = steps_per_epoch(ctx.samples, batch, bool(train.get("drop_last", False)))
     config = train_config(
         optimizer=args.optimizer,
         seed=trial_seed(ctx.seed, number),

@@ -230,72 +230,149 @@ def tune(
         ...            "momentum": dfdl.space.uniform(0.5, 0.95)})
         >>> result.save("best.onnx")  # doctest: +SKIP
     """
-    check_arguments(trials, concurrency, wave, metric, sampler, pruner, seed, validation)
-    if not isinstance(study_name, str) or not study_name:
-        raise ConfigError(f"study_name must be a non-empty string, not {study_name!r}")
-    if not isinstance(resume, bool):
-        raise ConfigError(f"resume must be True or False, not {resume!r}")
-    for name in train_options:
-        if name in ("seed", "checkpoint_dir", "checkpoint_every", "on_epoch"):
-            raise ConfigError(f"dfdl.tune sets {name} itself for every trial: leave it out")
-    resolved = resolve_space(space, train_options, model)
-    X, _ = split_data(data, "data")
-    folder = Path(trials_dir if trials_dir is not None else f"{study_name}-trials")
-    url = storage if storage is not None else f"sqlite:///{study_name}.db"
-    setup = {
-        "space": describe(resolved),
-        "seed": seed,
-        "metric": metric,
-        "sampler": sampler,
-        "pruner": pruner if isinstance(pruner, str) else type(pruner).__name__,
-        "wave": wave,
-        "trials": trials,
-    }
-    workers = _workers(client)
-    ctx = TrialContext(
-        study=None,
-        study_name=study_name,
-        space=resolved,
-        model=model,
-        data=data,
-        samples=len(X),
-        validation=validation,
+    tuner = Tuner(
+        model,
+        data,
+        validation,
+        space,
+        trials,
         metric=metric,
+        pruner=pruner,
+        sampler=sampler,
         seed=seed,
-        trials_dir=folder,
+        concurrency=concurrency,
+        wave=wave,
+        storage=storage,
+        study_name=study_name,
+        trials_dir=trials_dir,
+        resume=resume,
         client=client,
-        on_end=None,
+        progress=progress,
+        **train_options,
     )
-    biggest = check_trials(resolved, ctx, workers)
-    epochs = max(int(v) for v in resolved.options("epochs")) if "epochs" in resolved.where else 1
-    pruner_obj = studies.make_pruner(pruner, epochs)
-    rdb = studies.open_storage(url)
-    study = studies.open_study(rdb, study_name, studies.DIRECTIONS[metric], setup, resume)
-    study.pruner = pruner_obj
-    if not resume and folder.exists() and any(folder.glob("trial-*")):
-        raise ConfigError(
-            f"trials_dir {folder} holds another study's trials: give another trials_dir, "
-            "remove it, or pass resume=True to finish that study"
+    return tuner.run(client)
+
+
+class Tuner:
+    """A study checked and opened, ready to run: what :func:`tune` does in two steps, so
+    that a caller (``dfdl tune --scheduler``) connects to its cluster only once every
+    check passed. The arguments are :func:`tune`'s; ``client`` (optional here) gives
+    the workers the trials are planned for, else this machine's.
+
+    Raises:
+        ConfigError / DataError / ModelError / ...: as :func:`tune`, when made.
+
+    Example:
+        >>> tuner = Tuner(model, (X, y), (Xv, yv), space, 16)  # doctest: +SKIP
+        >>> result = tuner.run(client)                           # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model,
+        data,
+        validation,
+        space: Mapping[str, Any],
+        trials: int = 20,
+        *,
+        metric: str = "val_loss",
+        pruner: Any = "asha",
+        sampler: str = "tpe",
+        seed: int = 0,
+        concurrency: int | None = None,
+        wave: int = DEFAULT_WAVE,
+        storage: str | None = None,
+        study_name: str = "dfdl-tune",
+        trials_dir: str | os.PathLike | None = None,
+        resume: bool = False,
+        client=None,
+        progress: bool = True,
+        **train_options: Any,
+    ):
+
+        check_arguments(trials, concurrency, wave, metric, sampler, pruner, seed, validation)
+        if not isinstance(study_name, str) or not study_name:
+            raise ConfigError(f"study_name must be a non-empty string, not {study_name!r}")
+        if not isinstance(resume, bool):
+            raise ConfigError(f"resume must be True or False, not {resume!r}")
+        for name in train_options:
+            if name in ("seed", "checkpoint_dir", "checkpoint_every", "on_epoch"):
+                raise ConfigError(f"dfdl.tune sets {name} itself for every trial: leave it out")
+        resolved = resolve_space(space, train_options, model)
+        X, _ = split_data(data, "data")
+        folder = Path(trials_dir if trials_dir is not None else f"{study_name}-trials")
+        url = storage if storage is not None else f"sqlite:///{study_name}.db"
+        setup = {
+            "space": describe(resolved),
+            "seed": seed,
+            "metric": metric,
+            "sampler": sampler,
+            "pruner": pruner if isinstance(pruner, str) else type(pruner).__name__,
+            "wave": wave,
+            "trials": trials,
+        }
+        workers = _workers(client)
+        ctx = TrialContext(
+            study=None,
+            study_name=study_name,
+            space=resolved,
+            model=model,
+            data=data,
+            samples=len(X),
+            validation=validation,
+            metric=metric,
+            seed=seed,
+            trials_dir=folder,
+            client=client,
+            on_end=None,
         )
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"trials_dir {folder} cannot be created: {e}") from None
-    ctx.study = study
-    done = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
-    bar = TuneProgress(
-        show=progress, total=trials, done=done, metric=metric, maximize=metric == "val_accuracy"
-    )
-    ctx.on_end = bar.ended
-    try:
-        with connect(client) as c:
-            ctx.client = c
-            threads = total_threads(c)
-            n = concurrency or choose_concurrency(biggest, workers, threads, wave)
-            _run_waves(ctx, sampler, trials, wave, min(n, wave), bar)
-    finally:
-        bar.close()
-    return _result(study, resolved, seed, metric, folder)
+        biggest = check_trials(resolved, ctx, workers)
+        epochs = (
+            max(int(v) for v in resolved.options("epochs")) if "epochs" in resolved.where else 1
+        )
+        pruner_obj = studies.make_pruner(pruner, epochs)
+        rdb = studies.open_storage(url)
+        study = studies.open_study(rdb, study_name, studies.DIRECTIONS[metric], setup, resume)
+        study.pruner = pruner_obj
+        if not resume and folder.exists() and any(folder.glob("trial-*")):
+            raise ConfigError(
+                f"trials_dir {folder} holds another study's trials: give another trials_dir, "
+                "remove it, or pass resume=True to finish that study"
+            )
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"trials_dir {folder} cannot be created: {e}") from None
+        ctx.study = study
+        self.ctx, self.space, self.study, self.folder = ctx, resolved, study, folder
+        self.trials, self.wave, self.concurrency = trials, wave, concurrency
+        self.metric, self.sampler, self.seed, self.progress = metric, sampler, seed, progress
+        self.workers, self.biggest = workers, biggest
+
+    def run(self, client=None) -> TuneResult:
+        """Run the study to ``trials`` trials on ``client``'s cluster (None: the
+        embedded one) and return its result."""
+        ctx, study, trials, wave = self.ctx, self.study, self.trials, self.wave
+        done = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+        bar = TuneProgress(
+            show=self.progress,
+            total=trials,
+            done=done,
+            metric=self.metric,
+            maximize=self.metric == "val_accuracy",
+        )
+        ctx.on_end = bar.ended
+        try:
+            with connect(client) as c:
+                ctx.client = c
+                threads = total_threads(c)
+                n = self.concurrency or choose_concurrency(
+                    self.biggest, self.workers, threads, wave
+                )
+                _run_waves(ctx, self.sampler, trials, wave, min(n, wave), bar)
+        finally:
+            bar.close()
+        return _result(study, self.space, self.seed, self.metric, self.folder)
 
 
 def _run_waves(ctx: TrialContext, sampler: str, trials: int, wave: int, n: int, bar) -> None:
