@@ -56,7 +56,7 @@ class TrialContext:
     metric: str
     seed: int
     trials_dir: Path
-    client: Any
+    client: Any  # the user's client, None for the embedded cluster
     on_end: Any  # (number, state, value) -> None
 
 

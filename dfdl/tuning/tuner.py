@@ -364,7 +364,8 @@ class Tuner:
         ctx.on_end = bar.ended
         try:
             with connect(client) as c:
-                ctx.client = c
+                # None stays None: the trials then run on the embedded cluster as dfdl's own
+                ctx.client = client
                 threads = total_threads(c)
                 n = self.concurrency or choose_concurrency(
                     self.biggest, self.workers, threads, wave
