@@ -1,6 +1,6 @@
 """Benchmark: dfdl.tune against the same configurations trained one after another.
 
-    python bench/tune_digits.py [--trials 24] [--epochs 20] [--json out.json]
+    python bench/tune_digits.py [--trials 24] [--epochs 20] [--concurrency N] [--json out.json]
 
 Tunes examples/digits.py's CNN as examples/tune_digits.py does (SGD's learning rate,
 momentum and weight decay and the batch size; ASHA; the embedded cluster, started before
@@ -31,6 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--concurrency", type=int, default=None, help="default: dfdl.tune's")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
 
@@ -48,7 +49,7 @@ def main() -> None:
         result = dfdl.tune(
             small_cnn(), data=train, validation=val, space=SPACE, trials=args.trials,
             epochs=args.epochs, pruner="asha", storage=f"sqlite:///{tmp}/study.db",
-            trials_dir=f"{tmp}/trials", progress=False,
+            trials_dir=f"{tmp}/trials", progress=False, concurrency=args.concurrency,
         )  # fmt: skip
         search_s = time.perf_counter() - t0
         model = retrain(result.best_params, train, val, args.epochs)
@@ -99,6 +100,7 @@ def main() -> None:
         "trials": args.trials,
         "epochs": args.epochs,
         "pruner": "asha",
+        "concurrency": args.concurrency or "auto",
         "cores": os.cpu_count(),
         "threads": total_threads(client),
         "load_before": load0,
