@@ -234,7 +234,7 @@ def _json_handler():
     class DfdlJSON(RequestHandler):
         def get(self):
             monitor = monitor_of(self.server)
-            empty = {"runs": [], "spilled_bytes": {}, "workers": {}}
+            empty = {"runs": [], "spilled_bytes": {}, "workers": {}, "studies": {}}
             snap = monitor.snapshot() if monitor is not None else empty
             self.set_header("Content-Type", "application/json")
             self.write(json_body(snap))
