@@ -1,8 +1,9 @@
 """Hyperparameter selection on one cluster: :func:`dfdl.tune`.
 
-:mod:`~dfdl.tuning.tuner` runs the study (waves of trials, many at once),
-:mod:`~dfdl.tuning.trial` one trial (a training that reports each epoch and stops
-when pruned), :mod:`~dfdl.tuning.order` the order trials report in,
+:mod:`~dfdl.tuning.tuner` checks and opens the study, :mod:`~dfdl.tuning.waves` runs
+it (waves of trials, many at once), :mod:`~dfdl.tuning.trial` one trial (a training
+that reports each epoch and stops when pruned), :mod:`~dfdl.tuning.order` the order
+trials report in,
 :mod:`~dfdl.tuning.params` the space resolved into training arguments,
 :mod:`~dfdl.tuning.study` Optuna's storage, samplers and pruners,
 :mod:`~dfdl.tuning.progress` the bar, :mod:`~dfdl.tuning.result` what it returns.

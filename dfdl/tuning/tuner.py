@@ -28,18 +28,13 @@ Example:
 
 from __future__ import annotations
 
-import math
 import os
-import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from dfdl.data.checks import split_data
-from dfdl.errors import ConfigError, DfdlError, TrainingError
+from dfdl.errors import ConfigError
 from dfdl.plan.compile import Workers
 from dfdl.plan.estimate import managed_target, working_set
 from dfdl.runtime.cluster import (
@@ -50,11 +45,11 @@ from dfdl.runtime.cluster import (
     worker_memory_limit,
 )
 from dfdl.tuning import study as studies
-from dfdl.tuning.order import RungGate
 from dfdl.tuning.params import SearchSpace, describe, resolve_space
 from dfdl.tuning.progress import TuneProgress
-from dfdl.tuning.result import Trial, TuneResult
-from dfdl.tuning.trial import MODEL_FILE, TrialContext, decided_rungs, run_trial, session_for
+from dfdl.tuning.result import TuneResult, study_result
+from dfdl.tuning.trial import TrialContext, session_for
+from dfdl.tuning.waves import run_waves
 
 #: trials asked together (see the module docstring)
 DEFAULT_WAVE = 8
@@ -121,41 +116,6 @@ def choose_concurrency(working_bytes: int, workers: Workers, threads: int, wave:
     limit = workers.memory_limit
     by_memory = by_threads if not limit else int(managed_target() * limit // max(working_bytes, 1))
     return max(1, min(by_threads, by_memory, wave))
-
-
-def _history(frozen) -> dict[str, list]:
-    attrs = frozen.user_attrs
-    epochs = sorted(int(k[7:]) for k in attrs if k.startswith("losses_"))
-    history: dict[str, list] = {"loss": [v for e in epochs for v in attrs[f"losses_{e}"]]}
-    for e in sorted(int(k[4:]) for k in attrs if k.startswith("val_")):
-        for name, v in attrs[f"val_{e}"].items():
-            history.setdefault(f"val_{name}", []).append(v)
-    return history
-
-
-STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running"}
-
-
-def trial_records(study, space: SearchSpace, seed: int) -> list[Trial]:
-    """Every trial of ``study`` as a :class:`~dfdl.tuning.result.Trial`."""
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        state = STATES.get(t.state.name, t.state.name.lower())
-        value = t.value if state == "complete" else None
-        if state == "pruned" and t.intermediate_values:
-            value = t.intermediate_values[max(t.intermediate_values)]
-        out.append(
-            Trial(
-                t.number,
-                state,
-                space.decode(t.params),
-                value,
-                _history(t),
-                studies.trial_seed(seed, t.number),
-                t.user_attrs.get("fail_reason", ""),
-            )
-        )
-    return out
 
 
 def tune(
@@ -370,92 +330,7 @@ class Tuner:
                 n = self.concurrency or choose_concurrency(
                     self.biggest, self.workers, threads, wave
                 )
-                _run_waves(ctx, self.sampler, trials, wave, min(n, wave), bar)
+                run_waves(ctx, self.sampler, trials, wave, min(n, wave), bar)
         finally:
             bar.close()
-        return _result(study, self.space, self.seed, self.metric, self.folder)
-
-
-def _run_waves(ctx: TrialContext, sampler: str, trials: int, wave: int, n: int, bar) -> None:
-    from optuna.trial import TrialState
-
-    study = ctx.study
-    startup = wave  # TPE models the results from the second wave on
-    while True:
-        have = study.get_trials(deepcopy=False)
-        count = len(have)
-        if count < trials and count % wave:  # a killed tuner was asking a wave
-            _ask(ctx, sampler, startup, min(trials, count + wave - count % wave) - count)
-            continue
-        running = [t for t in have if t.state == TrialState.RUNNING]
-        if not running:
-            if count >= trials:
-                return
-            _ask(ctx, sampler, startup, min(wave, trials - count))
-            continue
-        _run_wave(ctx, sorted(running, key=lambda t: t.number), n, bar)
-
-
-def _run_wave(ctx: TrialContext, running: list, n: int, bar) -> None:
-    """Run a wave's trials, ``n`` at a time, in the order of their numbers."""
-    gate = RungGate(
-        [t.number for t in running],
-        {t.number: max(decided_rungs(t), default=0) for t in running},
-    )
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def one(frozen) -> None:
-        if stop.is_set():
-            return
-        bar.started(frozen.number)
-        try:
-            run_trial(ctx, frozen, gate)
-        except BaseException as e:  # an interrupt or a tuner's error: no more trials start
-            errors.append(e)
-            stop.set()
-            gate.end(frozen.number)
-
-    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="dfdl-trial") as pool:
-        try:
-            list(pool.map(one, running))
-        except BaseException:
-            stop.set()
-            raise
-    if errors:
-        raise errors[0]
-
-
-def _ask(ctx: TrialContext, sampler: str, startup: int, k: int) -> None:
-    study = ctx.study
-    for _ in range(k):
-        number = len(study.get_trials(deepcopy=False))
-        study.sampler = studies.sampler_for(sampler, ctx.seed, number, startup)
-        study.ask(ctx.space.searched)
-
-
-def _result(study, space: SearchSpace, seed: int, metric: str, folder: Path) -> TuneResult:
-    records = trial_records(study, space, seed)
-    complete = [t for t in records if t.state == "complete"]
-    if not complete:
-        reasons = sorted({t.reason for t in records if t.reason})
-        raise TrainingError(
-            "no trial of the study completed"
-            + (f" (failures: {'; '.join(reasons[:3])})" if reasons else "")
-            + ": widen or move the space (a lower learning rate), or train longer"
-        )
-    best = study.best_trial
-    path = folder / f"trial-{best.number}" / MODEL_FILE
-    if not path.exists():
-        raise DfdlError(f"the best trial's model {path} is missing: was trials_dir emptied?")
-    if not all(math.isfinite(t.value) for t in complete):
-        raise TrainingError("a completed trial has a non-finite value")
-    return TuneResult(
-        space.decode(best.params),
-        float(best.value),
-        best.number,
-        onnx.load(str(path)),
-        records,
-        study,
-        metric,
-    )
+        return study_result(study, self.space, self.seed, self.metric, self.folder)
