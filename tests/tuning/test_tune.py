@@ -95,11 +95,17 @@ def test_monitor_keeps_every_trial_curve(client, two_runs):
 
 
 def test_a_trial_with_a_nan_loss_fails_and_the_study_goes_on(client, tmp_path):
+    """Also: the model is a builder whose hidden width is searched (``model.width``)."""
+
+    def builder(width: int):
+        return dfdl.models.mlp((SIZES[0], width, SIZES[-1]), seed=1)
+
     result = dfdl.tune(
-        dfdl.models.mlp(SIZES, seed=1), data=data(64, 0), validation=data(32, 1),
-        space={"lr": choice([0.1, 1e30])}, trials=4, wave=4, epochs=2, pruner="none",
-        sampler="random", seed=3, storage=f"sqlite:///{tmp_path / 's.db'}",
-        trials_dir=tmp_path / "t", client=client, progress=False, batch_size=16,
+        builder, data=data(64, 0), validation=data(32, 1),
+        space={"lr": choice([0.1, 1e30]), "model.width": choice([4, 12])}, trials=4, wave=4,
+        epochs=2, pruner="none", sampler="random", seed=3,
+        storage=f"sqlite:///{tmp_path / 's.db'}", trials_dir=tmp_path / "t", client=client,
+        progress=False, batch_size=16,
     )  # fmt: skip
     failed = [t for t in result.trials if t.state == "failed"]
     assert failed and all(t.params["lr"] == 1e30 for t in failed)
@@ -107,7 +113,11 @@ def test_a_trial_with_a_nan_loss_fails_and_the_study_goes_on(client, tmp_path):
     assert {t.number for t in result.trials if t.state == "complete"} == {
         t.number for t in result.trials if t.params["lr"] == 0.1
     }
-    assert result.counts()["complete"] >= 1 and result.best_params == {"lr": 0.1}
+    assert result.counts()["complete"] >= 1 and result.best_params["lr"] == 0.1
+    width = result.best_params["model.width"]
+    shapes = {tuple(t.dims) for t in result.model.graph.initializer}
+    assert (width, SIZES[0]) in shapes or (SIZES[0], width) in shapes, shapes
+    assert {t.params["model.width"] for t in result.trials} == {4, 12}
 
 
 def _states(db: Path) -> list[str]:
