@@ -63,6 +63,7 @@ def kind_of(name: str, data: Any) -> str:
         ("blas", "blas"),
         ("beyond_memory", "beyond-memory"),
         ("beyond-memory", "beyond-memory"),
+        ("tune-digits", "tune-digits"),
     ):
         if name.startswith(prefix):
             return kind
@@ -164,6 +165,20 @@ def _beyond_memory(name: str, data: dict) -> list[str]:
     ]
 
 
+def _tune_digits(name: str, data: dict) -> list[str]:
+    counts = get(data, "counts", default={}) or {}
+    states = ", ".join(f"{v} {k}" for k, v in counts.items() if v) or "-"
+    return [
+        num(get(data, "cores")),
+        f"{num(get(data, 'trials'))} x {num(get(data, 'epochs'))}",
+        states,
+        f"{num(get(data, 'tune_s'), '{:.0f}')} / {num(get(data, 'sequential_s'), '{:.0f}')}",
+        num(get(data, "ratio"), "{:.2f}"),
+        num(get(data, "test_accuracy"), "{:.4f}"),
+        f"{num(get(data, 'losses_equal_prefix'))}/{num(len(get(data, 'rows', default=[]) or []))}",
+    ]
+
+
 def _other(name: str, data: Any) -> list[str]:
     keys = ", ".join(map(str, data)) if isinstance(data, dict) else type(data).__name__
     return [keys]
@@ -209,6 +224,20 @@ KINDS: dict[str, tuple[str, str, list[str], Callable[[str, Any], list[str]]]] = 
             "restarts",
         ],
         _beyond_memory,
+    ),
+    "tune-digits": (
+        "Hyperparameter search (dfdl.tune) against the same trainings one after another",
+        "python bench/tune_digits.py --json out.json",
+        [
+            "cores",
+            "trials x epochs",
+            "trials",
+            "tune / sequential s",
+            "wall ratio",
+            "best's test accuracy",
+            "trials with the sequential run's losses",
+        ],
+        _tune_digits,
     ),
     "other": ("Other results", "", ["top-level keys"], _other),
 }

@@ -2,9 +2,10 @@
 
 The public API is what ``import dfdl`` gives: :func:`train`, :func:`run`, :func:`plan`,
 :func:`load`, :func:`training_graph`, :class:`TrainResult`, :class:`EngineOptions`,
-:func:`LocalCluster`, :mod:`dfdl.cluster`, :mod:`dfdl.optim`, :mod:`dfdl.errors` and the
-ONNX backend :data:`backend`; everything else is internal. Importing dfdl starts no
-cluster and does not load MKL (:mod:`dfdl.ops.cpu.blas`).
+:func:`tune` (with :mod:`dfdl.space` and :class:`TuneResult`), :func:`LocalCluster`,
+:mod:`dfdl.cluster`, :mod:`dfdl.optim`, :mod:`dfdl.errors` and the ONNX backend
+:data:`backend`; everything else is internal. Importing dfdl starts no cluster, does not
+load MKL (:mod:`dfdl.ops.cpu.blas`) and does not import Optuna.
 
 Example:
     >>> import dfdl, dfdl.models, numpy as np
@@ -17,12 +18,13 @@ from __future__ import annotations
 from dfdl import interrupts  # noqa: F401
 
 # isort: split
-from dfdl import cluster, errors, optim
+from dfdl import cluster, errors, optim, space
 from dfdl.api import load, plan, run, train, training_graph
 from dfdl.onnx_backend import DfdlBackend
 from dfdl.runtime.cluster import local_cluster as LocalCluster
 from dfdl.runtime.result import TrainResult
 from dfdl.runtime.session import EngineOptions
+from dfdl.tuning import TuneResult, tune
 
 #: the ONNX backend (``onnx.backend.test.BackendTest(dfdl.backend, __name__)``)
 backend = DfdlBackend
@@ -41,6 +43,9 @@ __all__ = [
     "plan",
     "run",
     "train",
+    "space",
     "training_graph",
+    "tune",
+    "TuneResult",
     "__version__",
 ]

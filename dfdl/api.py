@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from dfdl.runtime.cluster import (
 )
 from dfdl.runtime.executor import execute
 from dfdl.runtime.result import TrainResult
-from dfdl.runtime.session import EngineOptions, TrainingSession, train_config
+from dfdl.runtime.session import EngineOptions, EpochEnd, TrainingSession, train_config
 from dfdl.training.graph import build_training_graph
 from dfdl.training.optimizers import SGD
 
@@ -195,6 +195,7 @@ def train(
     loss_options: Mapping[str, Any] | None = None,
     memory: str = "auto",
     engine: EngineOptions | None = None,
+    on_epoch: Callable[[EpochEnd], bool | None] | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``data`` on a Dask cluster.
 
@@ -243,6 +244,12 @@ def train(
         engine: the engine's choices for measurements
             (:class:`dfdl.runtime.session.EngineOptions`); the defaults are the measured
             best and no choice changes a result.
+        on_epoch: called at the end of every epoch (after its validation) with an
+            :class:`~dfdl.runtime.session.EpochEnd` (epoch, step, the epoch's losses, the
+            validation metrics); returning True stops training there, and the result
+            holds the weights after that epoch (``result.stopped_epoch`` says which).
+            :func:`dfdl.tune` reports to its pruner this way. It is called again for an
+            epoch replayed after a rollback or a resume from an earlier checkpoint.
 
     Returns:
         :class:`~dfdl.runtime.result.TrainResult`.
@@ -271,6 +278,7 @@ def train(
         loss_options=loss_options,
         memory=memory,
         engine=engine,
+        on_epoch=on_epoch,
     )
     return TrainingSession(model, data, config, validation).run(client)
 

@@ -83,7 +83,12 @@ def dashboard():
 
 def test_empty_scheduler_serves_no_runs(dashboard):
     _client, base = dashboard
-    assert _get_json(f"{base}/dfdl/json") == {"runs": [], "spilled_bytes": {}, "workers": {}}
+    assert _get_json(f"{base}/dfdl/json") == {
+        "runs": [],
+        "spilled_bytes": {},
+        "workers": {},
+        "studies": {},
+    }
     with urllib.request.urlopen(f"{base}/status", timeout=10) as r:
         assert 'href="dfdl"' in r.read().decode()  # in Dask's navigation bar
 

@@ -47,3 +47,24 @@ def test_digits_reaches_97_percent():
     assert found, f"no test accuracy in the output:\n{out}"
     accuracy = float(found.group(1))
     assert accuracy >= DIGITS_ACCURACY, out
+
+
+def test_tune_digits_runs_and_reports_a_test_accuracy(tmp_path):
+    """``examples/tune_digits.py`` shortened to 2 trials of 1 epoch (the full search's
+    accuracy and speed are bench/tune_digits.py's figures), in a folder of its own, where
+    it keeps its study."""
+    pytest.importorskip("sklearn", reason="the digits example loads scikit-learn's data")
+    pytest.importorskip("optuna", reason="dfdl.tune needs optuna (the tune extra)")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "tune_digits.py"), "--trials", "2",
+         "--epochs", "1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=DIGITS_TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "2 trials in " in proc.stdout, proc.stdout
+    found = re.search(r"test accuracy \([^)]*\): ([0-9.]+)", proc.stdout)
+    assert found, proc.stdout
+    assert 0.1 < float(found.group(1)) <= 1.0
+    assert (tmp_path / "tune-digits.db").is_file()

@@ -1,6 +1,7 @@
-"""The ``dfdl`` command line: ``train``, ``plan``, ``export-training-graph`` and ``info``.
+"""The ``dfdl`` command line: ``train``, ``tune``, ``plan``, ``export-training-graph`` and
+``info``.
 
-One module per command (:mod:`~dfdl.cli.train`, :mod:`~dfdl.cli.plan`,
+One module per command (:mod:`~dfdl.cli.train`, :mod:`~dfdl.cli.tune`, :mod:`~dfdl.cli.plan`,
 :mod:`~dfdl.cli.export`, :mod:`~dfdl.cli.info`), each with ``add_parser`` (its flags)
 and one function taking the parsed arguments and returning the exit status; what they
 share is in :mod:`~dfdl.cli.common`. The commands import dfdl's pipeline (and numpy,
@@ -23,14 +24,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from dfdl.cli import export, info, plan, train
+from dfdl.cli import export, info, plan, train, tune
 from dfdl.cli.common import DEBUG_HELP, EXIT_ERROR, Parser, add_debug
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> Parser:
-    """The ``dfdl`` argument parser with its four subcommands.
+    """The ``dfdl`` argument parser with its five subcommands.
 
     Example:
         >>> build_parser().parse_args(["info", "m.onnx"]).command
@@ -46,7 +47,7 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"dfdl {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in (train, plan, export, info):
+    for command in (train, tune, plan, export, info):
         add_debug(command.add_parser(sub))
     return parser
 

@@ -4,7 +4,10 @@
 per step, validation per epoch), samples/s, each step's worker time split into compute,
 transfer, spill and idle, and the bytes each worker holds spilled on disk; a table
 lists every training the scheduler has seen with its current step, and another each
-worker's device (GPU or CPU), the device memory its arrays hold and its spilled bytes.
+worker's device (GPU or CPU), the device memory its arrays hold and its spilled bytes;
+while :func:`dfdl.tune` runs, a trials view shows the latest study's trials by status and
+every trial's validation loss against step (running blue, finished green, pruned grey,
+failed red).
 ``/dfdl/json`` serves the same data (see :mod:`dfdl.runtime.monitor` for where it comes from).
 
 Installing the page: ``dfdl.LocalCluster(..., dashboard_address=...)`` and
@@ -43,6 +46,8 @@ def _page(scheduler, extra, doc) -> None:
     spill = ColumnDataSource({"worker": [], "bytes": []}, name="dfdl-spill")
     table = Div(text="<p>No dfdl training has reported to this scheduler yet.</p>")
     devices = Div(text="")
+    trials = ColumnDataSource({"xs": [], "ys": [], "trial": [], "color": []}, name="dfdl-trials")
+    study = Div(text="")
 
     kw = {"sizing_mode": "stretch_width", "height": 280, "tools": "pan,wheel_zoom,reset,save"}
     f_loss = figure(title="Loss", x_axis_label="step", **kw)
@@ -62,6 +67,11 @@ def _page(scheduler, extra, doc) -> None:
     )
     f_spill = figure(title="Bytes spilled to disk, per worker", y_range=[], **kw)
     f_spill.hbar(y="worker", right="bytes", height=0.6, source=spill, color="#9467bd")
+    f_trials = figure(
+        title="Trials: validation loss per step (dfdl.tune)", x_axis_label="step", **kw
+    )
+    f_trials.multi_line("xs", "ys", source=trials, color="color", line_width=2)
+    f_trials.add_tools(HoverTool(tooltips=[("trial", "@trial")]))
 
     def update() -> None:
         monitor = monitor_of(scheduler)
@@ -82,6 +92,10 @@ def _page(scheduler, extra, doc) -> None:
             }
             table.text = _runs_table(snap["runs"])
         devices.text = workers_table(snap.get("workers", {}))
+        if snap.get("studies"):
+            name, rows = list(snap["studies"].items())[-1]
+            trials.data = trial_curves(rows)
+            study.text = study_summary(name, rows)
         workers = sorted(snap["spilled_bytes"])
         f_spill.y_range.factors = workers
         spill.data = {"worker": workers, "bytes": [snap["spilled_bytes"][w] for w in workers]}
@@ -92,11 +106,54 @@ def _page(scheduler, extra, doc) -> None:
     doc.add_root(
         column(table, row(f_loss, f_speed, sizing_mode="stretch_width"),
                row(f_split, f_spill, sizing_mode="stretch_width"), devices,
-               sizing_mode="stretch_width")
+               study, f_trials, sizing_mode="stretch_width")
     )  # fmt: skip
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)
     doc.theme = BOKEH_THEME
+
+
+#: a trial's line colour by its status (Reporter's end status "stopped": pruned)
+TRIAL_COLORS = {"running": "#1f77b4", "done": "#2ca02c", "stopped": "#c7c7c7", "failed": "#d62728"}
+
+
+def trial_curves(rows: list[dict]) -> dict[str, list]:
+    """The trials view's lines: validation loss against step, one line per trial,
+    coloured by status (running blue, finished green, pruned grey, failed red).
+
+    Example:
+        >>> trial_curves([{"trial": 0, "status": "done",
+        ...                "validation": [{"step": 5, "loss": 1.0}]}])["ys"]
+        [[1.0]]
+    """
+    out: dict[str, list] = {"xs": [], "ys": [], "trial": [], "color": []}
+    for r in rows:
+        points = [v for v in r["validation"] if "loss" in v]
+        out["xs"].append([v["step"] for v in points])
+        out["ys"].append([v["loss"] for v in points])
+        out["trial"].append(str(r["trial"]))
+        out["color"].append(TRIAL_COLORS.get(r["status"], "#7f7f7f"))
+    return out
+
+
+def study_summary(name: str, rows: list[dict]) -> str:
+    """One line on the latest study: its trials by status and the best validation loss.
+
+    Example:
+        >>> study_summary("s", [{"trial": 0, "status": "done", "validation": []}])
+        '<h3>dfdl.tune study s</h3><p>1 trials: 0 running, 1 finished, 0 pruned, 0 failed</p>'
+    """
+    from html import escape
+
+    count = {s: sum(r["status"] == s for r in rows) for s in TRIAL_COLORS}
+    losses = [v["loss"] for r in rows for v in r["validation"][-1:] if "loss" in v]
+    finite = [v for v in losses if math.isfinite(v)]
+    best = f"; best last validation loss {min(finite):.5g}" if finite else ""
+    return (
+        f"<h3>dfdl.tune study {escape(str(name))}</h3><p>{len(rows)} trials: "
+        f"{count['running']} running, {count['done']} finished, {count['stopped']} pruned, "
+        f"{count['failed']} failed{best}</p>"
+    )
 
 
 def _runs_table(runs: list[dict]) -> str:
@@ -177,7 +234,7 @@ def _json_handler():
     class DfdlJSON(RequestHandler):
         def get(self):
             monitor = monitor_of(self.server)
-            empty = {"runs": [], "spilled_bytes": {}, "workers": {}}
+            empty = {"runs": [], "spilled_bytes": {}, "workers": {}, "studies": {}}
             snap = monitor.snapshot() if monitor is not None else empty
             self.set_header("Content-Type", "application/json")
             self.write(json_body(snap))

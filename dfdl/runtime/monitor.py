@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections import defaultdict, deque
 from typing import Any
@@ -43,6 +44,10 @@ EVENT_TOPIC = "dfdl"
 KEEP_STEPS = 10_000
 #: runs kept (oldest dropped first)
 KEEP_RUNS = 20
+#: studies (dfdl.tune) whose trials' validation curves are kept (oldest dropped first)
+KEEP_STUDIES = 5
+#: one registration at a time: trials of dfdl.tune start their reporters from threads
+_REGISTERING = threading.Lock()
 _TOKEN = re.compile(r"-([0-9a-f]{8})$")
 _SPILL = ("disk-read", "disk-write")
 
@@ -55,6 +60,9 @@ class TrainingMonitor(SchedulerPlugin):
     def __init__(self) -> None:
         self.runs: dict[str, dict] = {}
         self.token_run: dict[str, str] = {}
+        #: study -> trial number -> its status and validation metrics (every trial of a
+        #: study, beyond the KEEP_RUNS runs whose steps are kept)
+        self.studies: dict[str, dict[int, dict]] = {}
         # (token, step) -> seconds per action, summed over the step's tasks
         self.busy: dict[tuple[str, int], dict[str, float]] = defaultdict(
             lambda: {"compute": 0.0, "transfer": 0.0, "spill": 0.0}
@@ -105,9 +113,17 @@ class TrainingMonitor(SchedulerPlugin):
                 "steps": deque(maxlen=KEEP_STEPS),
                 "validation": [],
                 "rollbacks": 0,
+                "study": msg.get("study"),
+                "trial": msg.get("trial"),
             }
             while len(self.runs) > KEEP_RUNS:
                 self.runs.pop(next(iter(self.runs)))
+            if msg.get("study") is not None:
+                trials = self.studies.pop(msg["study"], {})
+                self.studies[msg["study"]] = trials  # the latest study last
+                trials[msg.get("trial")] = {"status": "running", "validation": []}
+                while len(self.studies) > KEEP_STUDIES:
+                    self.studies.pop(next(iter(self.studies)))
             return
         run = self.runs.get(run_id)
         if run is None:
@@ -120,12 +136,22 @@ class TrainingMonitor(SchedulerPlugin):
                 run["steps"].append({"step": step, "loss": loss, "t": t, "token": run["token"]})
         elif kind == "validation":
             run["validation"].append({"step": msg["step"], **msg["metrics"]})
+            trial = self._trial(run)
+            if trial is not None:
+                trial["validation"].append({"step": msg["step"], **msg["metrics"]})
         elif kind == "rollback":
             run["rollbacks"] += 1
             keep = [s for s in run["steps"] if s["step"] < msg["step"]]
             run["steps"] = deque(keep, maxlen=KEEP_STEPS)
         elif kind == "end":
             run["status"] = msg.get("status", "done")
+            trial = self._trial(run)
+            if trial is not None:
+                trial["status"] = run["status"]
+
+    def _trial(self, run: dict) -> dict | None:
+        """The study's record of the trial ``run`` trains, if it is one."""
+        return self.studies.get(run.get("study"), {}).get(run.get("trial"))
 
     def snapshot(self) -> dict:
         """Every run's progress, the workers' spilled bytes and, per worker
@@ -192,7 +218,18 @@ class TrainingMonitor(SchedulerPlugin):
                     "device_spilled_bytes": dev.get("spilled_bytes"),
                     "spilled_bytes": spilled[addr],
                 }
-        return {"runs": runs, "spilled_bytes": spilled, "workers": workers}
+        studies = {
+            name: [
+                {"trial": n, "status": t["status"], "validation": list(t["validation"])}
+                for n, t in sorted(trials.items(), key=lambda item: _number(item[0]))
+            ]
+            for name, trials in self.studies.items()
+        }
+        return {"runs": runs, "spilled_bytes": spilled, "workers": workers, "studies": studies}
+
+
+def _number(trial) -> int:
+    return trial if isinstance(trial, int) else -1
 
 
 def monitor_of(scheduler) -> TrainingMonitor | None:
@@ -203,6 +240,18 @@ def monitor_of(scheduler) -> TrainingMonitor | None:
 
 def _has_monitor(dask_scheduler=None) -> bool:
     return monitor_of(dask_scheduler) is not None
+
+
+def ensure_monitor(client) -> None:
+    """Register :class:`TrainingMonitor` on the client's scheduler unless it has one
+    (once, when trainings start from several threads at once).
+
+    Example:
+        >>> ensure_monitor(client)  # doctest: +SKIP
+    """
+    with _REGISTERING:
+        if not client.run_on_scheduler(_has_monitor):
+            client.register_plugin(TrainingMonitor(), name=PLUGIN_NAME)
 
 
 class Reporter:
@@ -216,8 +265,7 @@ class Reporter:
         self.client, self.run, self.pending = client, run, []
         self.on = True
         try:
-            if not client.run_on_scheduler(_has_monitor):
-                client.register_plugin(TrainingMonitor(), name=PLUGIN_NAME)
+            ensure_monitor(client)
             self._log("start", t=time.time(), **start)
         except Exception as e:  # noqa: BLE001
             logger.debug("dfdl dashboard: reporting off (%s)", e)

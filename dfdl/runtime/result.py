@@ -54,6 +54,8 @@ class TrainResult:
         fused: whether the steps ran with tasks grouped by the task-graph optimizer
             (:mod:`dfdl.taskgraph.optimize`: fewer and larger tasks, the same values):
             off where the plan recomputes or its estimate spills.
+        stopped_epoch: the epoch (counted from 1) after which ``on_epoch`` stopped
+            training; None when it ran to the end.
 
     Example:
         >>> result = dfdl.train(model, data=(X, y))  # doctest: +SKIP
@@ -68,6 +70,7 @@ class TrainResult:
     recomputed: list[str] = field(default_factory=list)
     rollbacks: int = 0
     fused: bool = False
+    stopped_epoch: int | None = None
 
     def save(self, path: str | os.PathLike) -> list[Path]:
         """Write the trained model as an ONNX file (onnxruntime runs it), atomically.

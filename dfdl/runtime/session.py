@@ -28,7 +28,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,29 @@ class EngineOptions:
 
 
 @dataclass(frozen=True)
+class EpochEnd:
+    """What ``on_epoch`` (:func:`dfdl.train`) is told at the end of every epoch.
+
+    Attributes:
+        epoch: the epoch that ended, counted from 1.
+        step: steps trained so far.
+        losses: the training loss of each of the epoch's steps trained in this run
+            (a run resumed mid-epoch has only those since the checkpoint).
+        metrics: the validation metrics after the epoch (``"loss"``, and ``"accuracy"``
+            for class labels); empty without ``validation``.
+
+    Example:
+        >>> EpochEnd(epoch=1, step=10, losses=[2.3], metrics={"loss": 2.1}).metrics["loss"]
+        2.1
+    """
+
+    epoch: int
+    step: int
+    losses: list[float]
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """The arguments of a training run, checked when made (see :func:`dfdl.train` for
     their meaning).
@@ -145,6 +168,7 @@ class TrainConfig:
     loss_options: Mapping[str, Any] = field(default_factory=dict)
     memory: str = "auto"
     engine: EngineOptions = EngineOptions()
+    on_epoch: Callable[[EpochEnd], bool | None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs"):
@@ -179,6 +203,10 @@ class TrainConfig:
             )
         if self.resume and self.checkpoint_dir is None:
             raise ConfigError(f"resume={self.resume!r} needs checkpoint_dir")
+        if self.on_epoch is not None and not callable(self.on_epoch):
+            raise ConfigError(
+                f"on_epoch must be a callable (EpochEnd) -> bool, not {self.on_epoch!r}"
+            )
         object.__setattr__(self, "frozen", tuple(self.frozen))
         object.__setattr__(self, "loss_options", dict(self.loss_options))
 
@@ -191,16 +219,26 @@ class TrainingSession:
         data: ``(X, y)``, or ``X`` alone when the loss is a model output.
         config: the run's arguments.
         validation: ``(X_val, y_val)`` evaluated after each epoch, or None.
+        tags: extra fields of the run on the dashboard page (``{"study": name,
+            "trial": number}`` for :func:`dfdl.tune`'s trials).
 
     Raises:
         ModelError / UnsupportedOpError / ShapeError / DataError / MemoryPlanError /
             CheckpointError: on :meth:`run`, before any cluster starts.
     """
 
-    def __init__(self, model: ModelLike, data, config: TrainConfig, validation=None):
+    def __init__(
+        self,
+        model: ModelLike,
+        data,
+        config: TrainConfig,
+        validation=None,
+        tags: Mapping[str, Any] | None = None,
+    ):
         t_start = time.perf_counter()
         self.config = config
         self.validation = validation
+        self.tags = dict(tags or {})
         self.proto = load_model(model)
         self.graph = to_ir(self.proto)
         self.name = _model_name(model, self.proto)
@@ -464,6 +502,7 @@ class TrainingSession:
                 batch_size=cfg.batch_size,
                 total=total,
                 threads=workers.cores,
+                **self.tags,
             )
             progress = Progress(
                 reporter, show=cfg.progress, total=total, start=start, batch_size=cfg.batch_size
@@ -534,6 +573,7 @@ class TrainingSession:
             sorted(set(first.tg.recomputed.values())),
             run.rollbacks,
             bool(self._chosen) and fused,
+            run.stopped,
         )
 
 
@@ -555,6 +595,8 @@ class _Run:
         self.validated: dict[int, dict[str, float]] = {}
         self.warned_nonfinite = False
         self.rollbacks = 0
+        #: the epoch (from 1) after which ``on_epoch`` stopped training, if it did
+        self.stopped: int | None = None
         cfg = session.config
         self.first = session.chosen_plan(min(cfg.batch_size, len(session.X)), workers, client)
         self.graph_options = cfg.engine.graph
@@ -569,6 +611,19 @@ class _Run:
 
     def plan(self, batch: int) -> StepPlan:
         return self.session.chosen_plan(batch, self.workers, self.client)
+
+    def tell_epoch(self, epoch: int, step: int) -> bool:
+        """Call ``on_epoch`` at the end of ``epoch`` (0-based); whether it asks to stop."""
+        self.collector.collect()
+        values = self.collector.values
+        first = epoch * self.per_epoch
+        report = EpochEnd(
+            epoch=epoch + 1,
+            step=step + 1,
+            losses=[values[k] for k in range(first, step + 1) if k in values],
+            metrics=dict(self.validated.get(epoch, {})),
+        )
+        return bool(self.session.config.on_epoch(report))
 
     def warn_nonfinite(self, epoch: int, step: int) -> None:
         """Warn, once per run, of a validation loss that is NaN or infinite."""
@@ -598,7 +653,7 @@ class _Run:
                     logger.warning(
                         "dfdl: %s. %s", describe_memory_restart(event), MEMORY_RESTART_ADVICE
                     )
-                self.reporter.end("done")
+                self.reporter.end("done" if self.stopped is None else "stopped")
                 return final
             except Exception as e:  # noqa: BLE001 - only lost data is retried
                 lost = is_lost_data(e) or isinstance(e, KilledWorker)
@@ -650,7 +705,8 @@ class _Run:
             ckpt_now = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
             epoch_end = (step + 1) % self.per_epoch == 0
             validate = epoch_end and s.validation is not None
-            if not (len(group) >= cfg.unroll or last or ckpt_now or validate):
+            hook = epoch_end and cfg.on_epoch is not None
+            if not (len(group) >= cfg.unroll or last or ckpt_now or validate or hook):
                 continue
             state, losses = run_steps(
                 c,
@@ -671,16 +727,6 @@ class _Run:
             self.reporter.flush()
             timings["wait_s"] += time.perf_counter() - t_wait
             group = []
-            if ckpt_now:
-                self.collector.collect()
-                now = state.gather(c, tg.graph.types)
-                checkpoint.save(cfg.checkpoint_dir, step + 1, now, s.checkpoint_meta(tg))
-                self.anchor = Anchor(step + 1, {k: now[k] for k in tg.carried()})
-            elif not last and anchors.due():
-                t_anchor = time.perf_counter()
-                self.collector.collect()
-                self.anchor = Anchor(step + 1, state.gather(c, tg.graph.types))
-                anchors.taken(time.perf_counter() - t_anchor)
             if validate:
                 self.collector.collect()
                 current = state.gather(c, tg.graph.types)
@@ -698,6 +744,21 @@ class _Run:
                 )
                 self.reporter.validation(step + 1, self.validated[epoch])
                 self.warn_nonfinite(epoch, step)
+            # before the checkpoint: a run killed in between replays the epoch and tells
+            # on_epoch again, instead of resuming past an epoch it never told
+            if hook and self.tell_epoch(epoch, step):
+                self.stopped = epoch + 1
+                break
+            if ckpt_now:
+                self.collector.collect()
+                now = state.gather(c, tg.graph.types)
+                checkpoint.save(cfg.checkpoint_dir, step + 1, now, s.checkpoint_meta(tg))
+                self.anchor = Anchor(step + 1, {k: now[k] for k in tg.carried()})
+            elif not last and anchors.due():
+                t_anchor = time.perf_counter()
+                self.collector.collect()
+                self.anchor = Anchor(step + 1, state.gather(c, tg.graph.types))
+                anchors.taken(time.perf_counter() - t_anchor)
         t_wait = time.perf_counter()
         self.collector.collect(final=True)
         out = state.gather(c, tg.graph.types)

@@ -73,3 +73,39 @@ def test_cpu_workers_report_no_gpu_and_no_device_memory(client):
     for row in rows.values():
         assert row["device"] == "cpu" and row["gpu"] is None
         assert row["device_memory_bytes"] is None
+
+
+def test_the_trials_view_draws_every_trial_of_the_latest_study():
+    """Trials of dfdl.tune (runs tagged with a study and a trial number) on the page: one
+    validation-loss line per trial of the latest study, coloured by status, and its
+    summary; the page's Bokeh document built on a scheduler holding the monitor."""
+    from types import SimpleNamespace
+
+    from bokeh.document import Document
+
+    from dfdl.runtime.dashboard import TRIAL_COLORS, _page
+    from dfdl.runtime.monitor import PLUGIN_NAME
+
+    m = TrainingMonitor()
+    for study, trial, losses, status in [
+        ("old", 0, [3.0], "done"),
+        ("s", 0, [2.0, 1.0], "done"),
+        ("s", 1, [2.5], "stopped"),
+        ("s", 2, [], "failed"),
+    ]:
+        run = f"{study}-{trial}"
+        m.record({"kind": "start", "run": run, "model": "m", "batch_size": 4, "total": 8,
+                  "study": study, "trial": trial})  # fmt: skip
+        m.record({"kind": "token", "run": run, "token": "0123abcd"})
+        for i, v in enumerate(losses):
+            m.record({"kind": "validation", "run": run, "step": 4 * (i + 1),
+                      "metrics": {"loss": v}})  # fmt: skip
+        m.record({"kind": "end", "run": run, "status": status})
+    snap = m.snapshot()["studies"]
+    assert list(snap) == ["old", "s"] and [r["trial"] for r in snap["s"]] == [0, 1, 2]
+    doc = Document()
+    _page(SimpleNamespace(plugins={PLUGIN_NAME: m}, workers={}), {}, doc)
+    lines = doc.get_model_by_name("dfdl-trials").data
+    assert lines["trial"] == ["0", "1", "2"]
+    assert lines["xs"] == [[4, 8], [4], []] and lines["ys"] == [[2.0, 1.0], [2.5], []]
+    assert lines["color"] == [TRIAL_COLORS[s] for s in ("done", "stopped", "failed")]

@@ -68,4 +68,4 @@ def test_bad_events_are_ignored():
     m.log_event("dfdl", {"kind": "steps", "run": "unknown", "items": [(0, 1.0, 1.0)]})
     m.log_event("dfdl", {"no": "kind"})
     m.log_event("other-topic", {"kind": "start", "run": "x"})
-    assert m.snapshot() == {"runs": [], "spilled_bytes": {}, "workers": {}}
+    assert m.snapshot() == {"runs": [], "spilled_bytes": {}, "workers": {}, "studies": {}}
