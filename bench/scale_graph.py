@@ -266,6 +266,8 @@ class TaskCosts:
             except Exception:  # an op without a cost rule that one-FLOP-per-element fails
                 cost = None
             flops = float(cost.flops) if cost else 0.0
+            if node.op_type in CONV_GRADS:  # no cost rule: the forward's multiply-adds
+                flops = _conv_grad_flops(node, types)
             io = float(cost.bytes) if cost else 0.0
             out = float(sum(types[o].nbytes for o in node.outputs if o and o in types))
             op = lookup(node.op_type, node.domain)
@@ -283,15 +285,34 @@ class TaskCosts:
         idx = tuple(i for i in key[2:] if isinstance(i, int))
         grid = np_.grid_letters()
         share = _share_of(np_, grid, idx[: len(grid)])
-        if role == "tile":
+        combos = math.prod(len(np_.letters[c]) for c in np_.spec.contracted())
+        if role == "tile" and combos == 1:
             return Cost(kind, flops * share, io * share, out * share)
         if role == "partial" and len(idx) == len(grid) + 1:
-            contracted = np_.spec.contracted()
-            combos = math.prod(len(np_.letters[c]) for c in contracted)
             return Cost(kind, flops * share / combos, io * share / combos, out * share)
-        # a sum of REDUCE_FAN_IN partials (or a merge of them): an elementwise add
+        # a sum of partials (at most REDUCE_FAN_IN; where the node's contracted axes are
+        # split, its tile task is the last such sum): an elementwise add
         tile_out = out * share
-        return Cost("sum", tile_out / 4 * REDUCE_FAN_IN, tile_out * (REDUCE_FAN_IN + 1), tile_out)
+        fan_in = min(combos, REDUCE_FAN_IN)
+        return Cost("sum", tile_out / 4 * fan_in, tile_out * (fan_in + 1), tile_out)
+
+
+#: the convolution gradients, which have no cost rule of their own
+CONV_GRADS = ("ConvGradInput", "ConvGradWeight")
+
+
+def _conv_grad_flops(node, types) -> float:
+    """FLOPs of a convolution's input or weight gradient: the forward's, 2 x the output
+    gradient's elements x the weight's elements per output channel.
+
+    ``ConvGradInput`` reads ``(dY, W)``; ``ConvGradWeight`` reads ``(X, dY)`` and
+    writes ``dW``.
+    """
+    if node.op_type == "ConvGradInput":
+        dy, w = (types[i].shape for i in node.inputs[:2])
+    else:
+        dy, w = types[node.inputs[1]].shape, types[node.outputs[0]].shape
+    return 2.0 * math.prod(dy) * math.prod(w[1:])
 
 
 def _share_of(np_, grid: list[str], idx: tuple) -> float:

@@ -46,7 +46,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -62,11 +62,15 @@ from dfdl.taskgraph.step_tasks import STEP_NAME  # noqa: E402
 
 @dataclass(frozen=True)
 class Network:
-    """A cluster network: one-way latency of a message (seconds) and bandwidth per link."""
+    """A cluster network: one-way latency of a message (seconds) and bandwidth per link.
+    ``copies_on_cores``: a transfer's time is also the CPU time of both workers' cores
+    (loopback on a machine whose cores the workers share: copying, TLS), which their
+    next tasks then wait for."""
 
     name: str
     latency_s: float
     bandwidth_bytes_s: float
+    copies_on_cores: bool = False
 
 
 #: presets: 100 Gb/s InfiniBand and 25 Gb/s Ethernet at 90% of their line rates, with a
@@ -75,7 +79,7 @@ class Network:
 NETWORKS = {
     "ib100": Network("100 Gb/s InfiniBand", 5e-6, 0.9 * 100e9 / 8),
     "eth25": Network("25 Gb/s Ethernet", 25e-6, 0.9 * 25e9 / 8),
-    "local": Network("this machine's loopback", 0.0, 1e9),
+    "local": Network("this machine's loopback", 0.0, 1e9, copies_on_cores=True),
 }
 
 
@@ -174,13 +178,16 @@ def simulate(tasks: Sequence[SimTask], over: Overheads, net: Network) -> Result:
     compute = [0.0] * workers
     fetches, fetched, end = 0, 0.0, 0.0
 
+    debt = [0.0] * workers  # copying a worker's core did (copies_on_cores)
+
     def start(w: int, now: float) -> None:
         if running[w] or not queue[w]:
             return
         _, key = heapq.heappop(queue[w])
         running[w] = True
         compute[w] += by_key[key].duration
-        push(now + by_key[key].duration, "done", key)
+        push(now + debt[w] + by_key[key].duration, "done", key)
+        debt[w] = 0.0
 
     while events:
         now, _, kind, key = heapq.heappop(events)
@@ -201,6 +208,9 @@ def simulate(tasks: Sequence[SimTask], over: Overheads, net: Network) -> Result:
                 x0 = max(t0 + over.fetch_s + net.latency_s, link_out[src], link_in[w])
                 x1 = x0 + size / net.bandwidth_bytes_s
                 link_out[src] = link_in[w] = x1
+                if net.copies_on_cores:
+                    debt[src] += x1 - x0
+                    debt[w] += x1 - x0
                 ready = max(ready, x1 + net.latency_s)
                 fetches += 1
                 fetched += size
@@ -248,8 +258,11 @@ class DurationModel:
 
 def measure_tasks(sp, repeat: int = 2) -> list[tuple[str, float, float, float]]:
     """``(kind, FLOPs, bytes, seconds)`` of every tile task of the plan's lowered graph,
-    executed here in this process, one task at a time on one thread (the last of
-    ``repeat`` runs: the first compiles the kernels)."""
+    executed here in this process, one task at a time on one thread, BLAS on one thread
+    as in a worker process of one thread (the last of ``repeat`` runs: the first
+    compiles the kernels)."""
+    from threadpoolctl import threadpool_limits
+
     from dfdl.taskgraph.lower import lower
 
     dsk, src = scale_graph.sources(sp, arrays=True)
@@ -257,8 +270,9 @@ def measure_tasks(sp, repeat: int = 2) -> list[tuple[str, float, float, float]]:
     dsk.update(tasks)
     costs = TaskCosts(sp)
     out: list = []
-    for _ in range(repeat):
-        out = _run_timed(dsk, costs)
+    with threadpool_limits(limits=1):
+        for _ in range(repeat):
+            out = _run_timed(dsk, costs)
     return out
 
 
@@ -320,11 +334,17 @@ def fit(records: Iterable[tuple[str, float, float, float]]) -> DurationModel:
 
 
 def sim_tasks(
-    sp, dsk: dict, carried: dict, model: DurationModel, threads: int = 1
+    sp,
+    dsk: dict,
+    carried: dict,
+    model: DurationModel,
+    threads: int = 1,
+    measured: dict[str, float] | None = None,
 ) -> list[SimTask]:
     """The simulated tasks of an optimized step graph (:func:`scale_graph.step_graph`):
     each task on its worker, lasting its members' modelled times (run one after another,
-    or list-scheduled on ``threads`` threads), each value its bytes.
+    or list-scheduled on ``threads`` threads), each value its bytes. ``measured``: a
+    member's seconds by :func:`member_id` (a real run's), used where it has the member.
 
     Example:
         >>> sp = step_plan("resnet", RESNET_TINY, batch=8, n=2, tiles=TWO_TILES)
@@ -334,6 +354,12 @@ def sim_tasks(
         [0, 1]
     """
     costs = TaskCosts(sp)
+    measured = measured or {}
+
+    def seconds(task: Task) -> float:
+        got = measured.get(member_id(task.key))
+        return got if got is not None else sum(model(costs(m.key)) for m in members(task))
+
     worker: dict = {}
 
     def worker_of(k) -> int:
@@ -368,12 +394,12 @@ def sim_tasks(
             continue
         deps = tuple(node.dependencies)
         if _is_step(k):
-            dur = _step_duration(node, costs, model, threads)
+            dur = _step_duration(node, seconds, threads)
             out.append(SimTask(k, worker_of(k), dur, deps, 0.0))
         elif node.func is operator.getitem:
             out.append(SimTask(k, worker_of(k), 0.0, deps, costs(k).out_bytes))
         else:
-            dur = sum(model(costs(m.key)) for m in members(node))
+            dur = seconds(node)
             out.append(SimTask(k, worker_of(k), dur, deps, costs(k).out_bytes))
     return out
 
@@ -390,11 +416,11 @@ def _source_bytes(sp, key) -> float:
     return float(math.prod(shape) * np.dtype(sp.plan.graph.types[name].dtype).itemsize)
 
 
-def _step_duration(node: Task, costs: TaskCosts, model: DurationModel, threads: int) -> float:
+def _step_duration(node: Task, seconds: Callable[[Task], float], threads: int) -> float:
     """A step task's time: its members one after another, or on ``threads`` threads in
     their priority order, each as soon as what it reads is done (list scheduling)."""
     tasks, deps = node.args[0], node.args[1]
-    times = [sum(model(costs(m.key)) for m in members(t)) for t in tasks]
+    times = [seconds(t) for t in tasks]
     if threads == 1:
         return sum(times)
     free = [0.0] * threads
@@ -475,10 +501,12 @@ def durations_for(runs: Sequence[tuple[str, dict, int, int, tuple, dict]]) -> tu
 # -- calibration: real runs here ---------------------------------------------------------
 
 
-def real_step(name: str, cfg: tuple, workers: int, steps: int = 4, warmup: int = 1) -> float:
-    """Seconds per step of a real ``dfdl.train`` of bench/run.py's config ``cfg`` on
-    ``workers`` worker processes of one thread here, from Dask's task stream as
-    bench/run.py measures it (the span from the end of the warm-up to the last step)."""
+def real_step(name: str, cfg: tuple, workers: int, steps: int = 4, warmup: int = 1) -> dict:
+    """A real ``dfdl.train`` of bench/run.py's config ``cfg`` on ``workers`` worker
+    processes of one thread here: seconds per step from Dask's task stream as
+    bench/run.py measures it (the span from the end of the warm-up to the last step),
+    and each tile task's mean seconds over the timed steps (the step tasks' members'
+    runs, bench/run.py's ``with_members``), by :func:`member_id`."""
     import run
     from distributed import Client
 
@@ -490,8 +518,33 @@ def real_step(name: str, cfg: tuple, workers: int, steps: int = 4, warmup: int =
     x, y = run.make_data(name, kw, batch * (warmup + steps))
     with local_cluster(workers) as cluster, Client(cluster) as client:
         _, records = run.train_streamed(client, model, x, y, batch, kind, okw, warmup + steps)
-    span, _ = run._step_span(records, max(warmup, 1), warmup + steps - 1)
-    return span / (warmup + steps - max(warmup, 1))
+    first = max(warmup, 1)
+    span, _ = run._step_span(records, first, warmup + steps - 1)
+    times: dict = {}
+    for rec in records:
+        key = rec["key"]
+        if not (isinstance(key, tuple) and len(key) > 1 and isinstance(key[1], int)):
+            continue
+        if key[1] < first:
+            continue
+        for ss in rec.get("startstops", ()):
+            if ss["action"] == "compute":
+                times.setdefault(member_id(key), []).append(ss["stop"] - ss["start"])
+    return {
+        "step_s": span / (warmup + steps - first),
+        "members": {k: sum(v) / len(v) for k, v in times.items()},
+    }
+
+
+def member_id(key: Hashable) -> str:
+    """A tile task's key without its run token and step, as a string: the same for the
+    task in every step and every run.
+
+    Example:
+        >>> member_id(("conv-fwd-ab12cd34", 3, 0, 1))
+        "('conv-fwd', 0, 1)"
+    """
+    return repr((key[0].rsplit("-", 1)[0], *key[2:]))
 
 
 def predicted_step(
@@ -505,11 +558,13 @@ def predicted_step(
     over: Overheads,
     net: Network,
     threads: int = 1,
+    measured: dict[str, float] | None = None,
 ) -> Result:
-    """The simulated step of ``batch`` samples of a workload on ``n`` workers."""
+    """The simulated step of ``batch`` samples of a workload on ``n`` workers (tile
+    tasks' seconds from ``measured`` where it has them, else from ``model``)."""
     sp = step_plan(name, kw, batch, n, opt, dims)
     dsk, carried = step_graph(sp, n)
-    return simulate(sim_tasks(sp, dsk, carried, model, threads), over, net)
+    return simulate(sim_tasks(sp, dsk, carried, model, threads, measured), over, net)
 
 
 # -- scaling ----------------------------------------------------------------------------
@@ -528,6 +583,34 @@ def workloads() -> dict[str, tuple]:
     return {**run.FULL, "resnet50": RESNET50}
 
 
+#: one component of the cost at a time taken away, on the first network (where the
+#: curve bends and why): the scheduler's CPU per task, a fetch's software, the wire
+def _ablations(over: Overheads, net: Network) -> dict[str, tuple[Overheads, Network]]:
+    return {
+        "no_scheduler_cpu": (Overheads(0.0, over.rtt_s, over.fetch_s), net),
+        "no_fetch_software": (Overheads(over.task_s, over.rtt_s, 0.0), net),
+        "no_wire": (over, Network("instant", 0.0, math.inf)),
+    }
+
+
+_GRAPHS: dict = {}
+
+
+def graph_tasks(name: str, cfg: tuple, batch: int, n: int, model: DurationModel) -> tuple:
+    """``(tasks, stages)`` of the simulated step of ``batch`` samples on ``n`` workers
+    (built once per ``(name, batch, n)``)."""
+    key = (name, batch, n)
+    if key not in _GRAPHS:
+        kw, _, kind, okw, dims = cfg
+        sp = step_plan(name, kw, batch, n, (kind, okw), dims)
+        dsk, carried = step_graph(sp, n)
+        steps = [k for k in dsk if _is_step(k)]
+        stages = 1 + max((k[3] for k in steps if len(k) == 4), default=0)
+        _GRAPHS.clear()  # one at a time: the largest hold hundreds of MB
+        _GRAPHS[key] = (sim_tasks(sp, dsk, carried, model), stages)
+    return _GRAPHS[key]
+
+
 def scaling(
     name: str,
     cfg: tuple,
@@ -539,44 +622,39 @@ def scaling(
     what_if: Overheads | None = None,
 ) -> list[dict]:
     """Simulated steps of one workload for each N: ``mode`` "strong" keeps the global
-    batch (the config's batch times ``batch_scale``), "weak" the batch per worker; N
-    past the global batch (strong) is left out. One row per N with each network's step
-    time, and ``what_if`` (other overheads) on the first network."""
+    batch (the config's; ResNet-50's is 32 x 64), "weak" the batch per worker (the
+    config's). One row per N with each network's step, ``what_if`` (other overheads)
+    on the first network, and the ablations of :func:`_ablations` there."""
     kw, batch, kind, okw, dims = cfg
     global_batch = batch * (64 if name == "resnet50" else 1)
+    first = next(iter(nets.values()))
     rows = []
     for n in ns:
         b = global_batch if mode == "strong" else batch * n
         if mode == "strong" and b < n:
             continue
         t0 = time.perf_counter()
-        sp = step_plan(name, kw, b, n, (kind, okw), dims)
-        dsk, carried = step_graph(sp, n)
-        tasks = sim_tasks(sp, dsk, carried, model)
-        row = {"n": n, "batch": b, "graph_tasks": sum(not t.source for t in tasks)}
-        steps = [k for k in dsk if _is_step(k)]
-        row["stages"] = 1 + max((k[3] for k in steps if len(k) == 4), default=0)
-        for label, net in nets.items():
-            res = simulate(tasks, over, net)
+        tasks, stages = graph_tasks(name, cfg, b, n, model)
+        row: dict = {"n": n, "batch": b, "stages": stages}
+        row["graph_tasks"] = sum(not t.source for t in tasks)
+        runs = {label: (over, net) for label, net in nets.items()}
+        if what_if is not None:
+            runs["what_if"] = (what_if, first)
+        runs.update(_ablations(over, first))
+        for label, (o, net) in runs.items():
+            res = simulate(tasks, o, net)
             row[label] = {
                 "step_s": res.makespan,
-                "compute_per_worker_s": max(res.compute, default=0.0),
+                "compute_per_worker_s": max(res.compute_s, default=0.0),
                 "scheduler_busy_s": res.scheduler_busy_s,
                 "fetches": res.fetches,
                 "fetched_bytes": res.fetched_bytes,
             }
-        if what_if is not None:
-            first = next(iter(nets.values()))
-            row["what_if"] = {"step_s": simulate(tasks, what_if, first).makespan}
         row["build_and_simulate_s"] = time.perf_counter() - t0
         rows.append(row)
-        print(
-            f"  {name} {mode} N={n}: "
-            + ", ".join(f"{k} {row[k]['step_s']:.3f} s" for k in (*nets, "what_if") if k in row),
-            file=sys.stderr,
-            flush=True,
-        )
-    _efficiencies(rows, mode, [*nets, "what_if"])
+        shown = ", ".join(f"{k} {row[k]['step_s']:.3f} s" for k in runs)
+        print(f"  {name} {mode} N={n}: {shown}", file=sys.stderr, flush=True)
+    _efficiencies(rows, mode, [*nets, "what_if", *_ablations(over, first)])
     return rows
 
 
@@ -703,12 +781,16 @@ def measure(path: str, parts: Sequence[str] = ("overheads", "real", "tasks")) ->
             out.update(measure_overheads())
             out["bandwidth_bytes_s"] = measure_bandwidth()
         elif part == "real":
+            # tile tasks at the priority the timed tile tasks had (dfdl's workers run
+            # them at nice 10, which on a machine other jobs load stretches them)
+            os.environ["DASK_DFDL__WORKER__TASK_NICE"] = "0"
+            machine["real_runs_task_nice"] = 0
             real = out.setdefault("real_step_s", {})
             for name in run.SMALL:
                 for w in (1, 2):
                     real[f"{name}/{w}"] = real_step(name, run.SMALL[name], w)
                     print(
-                        f"  real {name} on {w}: {real[f'{name}/{w}']:.3f} s/step",
+                        f"  real {name} on {w}: {real[f'{name}/{w}']['step_s']:.3f} s/step",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -724,31 +806,38 @@ def measure(path: str, parts: Sequence[str] = ("overheads", "real", "tasks")) ->
 
 def calibration(measured: dict, model: DurationModel, over: Overheads) -> list[dict]:
     """The simulated 1- and 2-process steps of bench/run.py's small workloads here
-    (loopback network at the measured bandwidth; a one-process worker runs its step
-    task on its task thread and its gang helper) against the measured ones."""
+    (loopback network at the measured bandwidth; workers of one thread, which have no
+    gang helper) against the measured ones: with each tile task's seconds from the real
+    run itself (``error_real_durations``: the graph, scheduler and network model alone)
+    and from the fitted duration model (``error``: the whole simulation)."""
     import run
 
-    local = Network("this machine's loopback", 0.0, measured["bandwidth_bytes_s"])
+    local = Network("this machine's loopback", 0.0, measured["bandwidth_bytes_s"], True)
     rows = []
     for key, real in measured["real_step_s"].items():
         name, w = key.split("/")
         n = int(w)
         kw, batch, kind, okw, dims = run.SMALL[name]
-        res = predicted_step(
-            name, kw, batch, n, (kind, okw), dims, model, over, local, threads=2 if n == 1 else 1
-        )
+        args = (name, kw, batch, n, (kind, okw), dims, model, over, local)
+        modelled = predicted_step(*args).makespan
+        replayed = predicted_step(*args, measured=real["members"]).makespan
         rows.append(
             {
                 "workload": name,
                 "workers": n,
-                "real_step_s": real,
-                "simulated_step_s": res.makespan,
-                "error": res.makespan / real - 1,
+                "real_step_s": real["step_s"],
+                "simulated_step_s": modelled,
+                "error": modelled / real["step_s"] - 1,
+                "simulated_real_durations_s": replayed,
+                "error_real_durations": replayed / real["step_s"] - 1,
+                "real_members_s": sum(real["members"].values()),
             }
         )
+        r = rows[-1]
         print(
-            f"  calibration {name} on {n}: real {real:.3f} s, simulated {res.makespan:.3f} s"
-            f" ({100 * rows[-1]['error']:+.1f}%)",
+            f"  calibration {name} on {n}: real {real['step_s']:.3f} s, simulated"
+            f" {modelled:.3f} s ({100 * r['error']:+.1f}%), with the run's own task times"
+            f" {replayed:.3f} s ({100 * r['error_real_durations']:+.1f}%)",
             file=sys.stderr,
             flush=True,
         )
@@ -760,8 +849,15 @@ def calibration(measured: dict, model: DurationModel, over: Overheads) -> list[d
 WHAT_IF = Overheads(task_s=0.0, rtt_s=0.0, fetch_s=1e-6)
 
 
-def simulate_all(measured: dict, ns: Sequence[int], names: Sequence[str]) -> dict:
-    """Calibration and strong and weak scaling of ``names`` from a :func:`measure` file."""
+def simulate_all(
+    measured: dict,
+    ns: Sequence[int],
+    names: Sequence[str],
+    calibrate: bool = True,
+    dump: str | None = None,
+) -> dict:
+    """Calibration (if ``calibrate``) and strong and weak scaling of ``names`` from a
+    :func:`measure` file (written to ``dump`` after each workload, if given)."""
     model = fit(map(tuple, measured["task_records"]))
     over = Overheads(**measured["overheads"])
     out: dict = {
@@ -771,7 +867,8 @@ def simulate_all(measured: dict, ns: Sequence[int], names: Sequence[str]) -> dic
         "duration_model": model.coef,
     }
     out["fit_check"] = _fit_check(measured, model)
-    out["calibration"] = calibration(measured, model, over)
+    if calibrate:
+        out["calibration"] = calibration(measured, model, over)
     nets = {k: NETWORKS[k] for k in ("ib100", "eth25")}
     out["scaling"] = {}
     for name in names:
@@ -780,6 +877,9 @@ def simulate_all(measured: dict, ns: Sequence[int], names: Sequence[str]) -> dic
             mode: scaling(name, cfg, mode, ns, model, over, nets, WHAT_IF)
             for mode in ("strong", "weak")
         }
+        if dump:
+            with open(dump, "w") as f:
+                json.dump(out, f, indent=1)
     return out
 
 
@@ -806,11 +906,13 @@ def _fit_check(measured: dict, model: DurationModel) -> list[dict]:
 
 
 def _table(out: dict) -> str:
-    lines = ["calibration (real vs simulated, this machine):"]
-    for r in out["calibration"]:
+    lines = ["calibration (real vs simulated, this machine; with the run's own task times):"]
+    for r in out.get("calibration", []):
         lines.append(
             f"  {r['workload']:12s} N={r['workers']}  real {r['real_step_s']:.3f} s"
             f"  simulated {r['simulated_step_s']:.3f} s  {100 * r['error']:+.1f}%"
+            f"  ({r['simulated_real_durations_s']:.3f} s"
+            f" {100 * r['error_real_durations']:+.1f}%)"
         )
     for name, modes in out["scaling"].items():
         for mode, rows in modes.items():
@@ -830,6 +932,38 @@ def _table(out: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown(out: dict) -> str:
+    """The result's tables as Markdown (for ``docs/design/scale-sim.md``)."""
+    lines = [
+        "| workload | workers | real s/step | simulated (fitted durations) | error |"
+        " simulated (the run's task times) | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in out.get("calibration", []):
+        lines.append(
+            f"| {r['workload']} | {r['workers']} | {r['real_step_s']:.3f} |"
+            f" {r['simulated_step_s']:.3f} | {100 * r['error']:+.1f}% |"
+            f" {r['simulated_real_durations_s']:.3f} | {100 * r['error_real_durations']:+.1f}% |"
+        )
+    labels = ("ib100", "eth25", "what_if", "no_scheduler_cpu", "no_fetch_software", "no_wire")
+    for mode in ("strong", "weak"):
+        lines += ["", f"{mode} scaling: efficiency (step s)", ""]
+        lines.append("| workload | N | batch | stages | " + " | ".join(labels) + " |")
+        lines.append("|---" * (4 + len(labels)) + "|")
+        for name, modes in out["scaling"].items():
+            for r in modes[mode]:
+                cells = [
+                    f"{100 * r[k]['efficiency']:.0f}% ({r[k]['step_s']:.3g})" if k in r else "-"
+                    for k in labels
+                ]
+                lines.append(
+                    f"| {name} | {r['n']} | {r['batch']} | {r['stages']} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
+    return "\n".join(lines)
+
+
 def plot(out: dict, path: str) -> None:
     """The efficiency curves of :func:`simulate_all`'s result over 100 Gb/s."""
     panels = []
@@ -845,7 +979,8 @@ def plot(out: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``--measure FILE`` measures here; ``--from FILE --json OUT`` simulates."""
+    """``--measure FILE`` measures here; ``--from FILE --json OUT`` simulates (also
+    ``--from OUT --replot``: the plot and tables of an earlier simulation)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measure", default=None, help="measure here and write this file")
     ap.add_argument(
@@ -858,8 +993,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from", dest="source", default=None, help="a --measure file")
     ap.add_argument("--json", default=None, help="write the simulation's results here")
     ap.add_argument("--svg", default=None, help="write the efficiency plot here")
+    ap.add_argument("--markdown", default=None, help="write the tables as Markdown here")
+    ap.add_argument("--replot", action="store_true", help="--from is a --json result")
+    ap.add_argument(
+        "--calibration-from",
+        default=None,
+        help="with --replot: take the calibration from this --json result",
+    )
     ap.add_argument("--ns", nargs="+", type=int, default=list(NS))
-    ap.add_argument("--workloads", nargs="+", default=list(workloads()))
+    ap.add_argument("--workloads", nargs="*", default=list(workloads()))
+    ap.add_argument("--skip-calibration", action="store_true", help="scaling only")
     args = ap.parse_args(argv)
     if args.measure:
         measure(args.measure, args.parts)
@@ -868,9 +1011,27 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --measure FILE or --from FILE")
     with open(args.source) as f:
         measured = json.load(f)
+    if args.replot:
+        if args.calibration_from:
+            with open(args.calibration_from) as f:
+                measured["calibration"] = json.load(f)["calibration"]
+            measured["command"] += f"; calibration: {args.calibration_from}"
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(measured, f, indent=1)
+        print(_table(measured))
+        if args.svg:
+            plot(measured, args.svg)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(measured) + "\n")
+        return 0
     load0 = os.getloadavg()
-    out = simulate_all(measured, args.ns, args.workloads)
-    out["measured"] = {k: v for k, v in measured.items() if k not in ("task_records",)}
+    out = simulate_all(measured, args.ns, args.workloads, not args.skip_calibration, dump=args.json)
+    out["measured"] = {k: v for k, v in measured.items() if k != "task_records"}
+    out["measured"]["real_step_s"] = {
+        k: v["step_s"] for k, v in measured.get("real_step_s", {}).items()
+    }
     out["machine"] = {"loadavg_simulation": [load0, os.getloadavg()], "cpus": os.cpu_count()}
     out["command"] = " ".join(["python bench/scale_sim.py", *(argv or sys.argv[1:])])
     print(_table(out))
@@ -879,6 +1040,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(out, f, indent=1)
     if args.svg:
         plot(out, args.svg)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(out) + "\n")
     return 0
 
 
