@@ -10,8 +10,8 @@ member of a per-worker task and every value a task reads can be seen;
 bytes, from the plan's static shapes (:func:`dfdl.ops.registry.node_cost` of its node,
 times the tile's share of the node).
 
-Also here: :func:`resnet50`, a ResNet-50 (bottleneck blocks 3-4-6-3, 25.6 M parameters)
-written with the model zoo's ONNX builder.
+Also here: :func:`resnet50`, a ResNet-50 (bottleneck blocks 3-4-6-3, 25.6 M weights
+and BatchNorm statistics) written with the model zoo's ONNX builder.
 
 Example:
     >>> sp = step_plan("mlp", dict(sizes=(8, 4, 2)), batch=4, n=2)  # doctest: +SKIP

@@ -623,16 +623,15 @@ def scaling(
 ) -> list[dict]:
     """Simulated steps of one workload for each N: ``mode`` "strong" keeps the global
     batch (the config's; ResNet-50's is 32 x 64), "weak" the batch per worker (the
-    config's). One row per N with each network's step, ``what_if`` (other overheads)
-    on the first network, and the ablations of :func:`_ablations` there."""
+    config's); where the plan has fewer tiles than workers, the others idle. One row
+    per N with each network's step, ``what_if`` (other overheads) on the first
+    network, and the ablations of :func:`_ablations` there."""
     kw, batch, kind, okw, dims = cfg
     global_batch = batch * (64 if name == "resnet50" else 1)
     first = next(iter(nets.values()))
     rows = []
     for n in ns:
         b = global_batch if mode == "strong" else batch * n
-        if mode == "strong" and b < n:
-            continue
         t0 = time.perf_counter()
         tasks, stages = graph_tasks(name, cfg, b, n, model)
         row: dict = {"n": n, "batch": b, "stages": stages}
@@ -855,12 +854,14 @@ def simulate_all(
     names: Sequence[str],
     calibrate: bool = True,
     dump: str | None = None,
+    command: str = "",
 ) -> dict:
     """Calibration (if ``calibrate``) and strong and weak scaling of ``names`` from a
     :func:`measure` file (written to ``dump`` after each workload, if given)."""
     model = fit(map(tuple, measured["task_records"]))
     over = Overheads(**measured["overheads"])
     out: dict = {
+        "command": command,
         "overheads": asdict(over),
         "what_if_overheads": asdict(WHAT_IF),
         "networks": {k: asdict(v) for k, v in NETWORKS.items()},
@@ -1000,6 +1001,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with --replot: take the calibration from this --json result",
     )
+    ap.add_argument(
+        "--scaling-from",
+        nargs="*",
+        default=[],
+        help="with --replot: take these results' workloads' scaling too",
+    )
     ap.add_argument("--ns", nargs="+", type=int, default=list(NS))
     ap.add_argument("--workloads", nargs="*", default=list(workloads()))
     ap.add_argument("--skip-calibration", action="store_true", help="scaling only")
@@ -1015,7 +1022,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.calibration_from:
             with open(args.calibration_from) as f:
                 measured["calibration"] = json.load(f)["calibration"]
+            measured["command"] = measured.get("command", "")
             measured["command"] += f"; calibration: {args.calibration_from}"
+        for path in args.scaling_from:
+            with open(path) as f:
+                other = json.load(f)
+            measured["scaling"].update(other["scaling"])
+            shown = ", ".join(other["scaling"])
+            measured["command"] += f"; {shown}: {other.get('command', path)}"
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(measured, f, indent=1)
@@ -1033,7 +1047,6 @@ def main(argv: list[str] | None = None) -> int:
         k: v["step_s"] for k, v in measured.get("real_step_s", {}).items()
     }
     out["machine"] = {"loadavg_simulation": [load0, os.getloadavg()], "cpus": os.cpu_count()}
-    out["command"] = " ".join(["python bench/scale_sim.py", *(argv or sys.argv[1:])])
     print(_table(out))
     if args.json:
         with open(args.json, "w") as f:
