@@ -92,7 +92,12 @@ def _bottleneck(b: Builder, x: str, prefix: str, c_in: int, width: int, stride: 
 
 
 def model_of(name: str, kw: dict) -> onnx.ModelProto:
-    """The zoo's model ``name`` (or ``"resnet50"``) built with ``kw``."""
+    """The zoo's model ``name`` (or ``"resnet50"``) built with ``kw``.
+
+    Example:
+        >>> model_of("mlp", dict(sizes=(8, 4, 2))).graph.name
+        'mlp'
+    """
     return resnet50(**kw) if name == "resnet50" else ZOO[name](**kw)
 
 
@@ -235,7 +240,12 @@ def members(node: object) -> Iterator[Task]:
 
 @dataclass(frozen=True)
 class Cost:
-    """What one tile task computes and moves (from the plan's static shapes)."""
+    """What one tile task computes and moves (from the plan's static shapes).
+
+    Example:
+        >>> Cost("Conv", 2e9, 1e6, 5e5).flops
+        2000000000.0
+    """
 
     kind: str
     flops: float

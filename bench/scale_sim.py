@@ -65,7 +65,12 @@ class Network:
     """A cluster network: one-way latency of a message (seconds) and bandwidth per link.
     ``copies_on_cores``: a transfer's time is also the CPU time of both workers' cores
     (loopback on a machine whose cores the workers share: copying, TLS), which their
-    next tasks then wait for."""
+    next tasks then wait for.
+
+    Example:
+        >>> NETWORKS["ib100"].bandwidth_bytes_s / 1e9
+        11.25
+    """
 
     name: str
     latency_s: float
@@ -91,7 +96,12 @@ TWO_TILES = {"batch": 2, "model": 1, "split_norms": 1}
 @dataclass(frozen=True)
 class Overheads:
     """Dask's costs (seconds): the scheduler's CPU per task, the software part of a
-    dependency's round trip (finished -> scheduler -> compute), one fetch's software."""
+    dependency's round trip (finished -> scheduler -> compute), one fetch's software.
+
+    Example:
+        >>> Overheads(task_s=1e-3, rtt_s=1e-3, fetch_s=5e-3).task_s
+        0.001
+    """
 
     task_s: float
     rtt_s: float
@@ -110,6 +120,10 @@ class SimTask:
         out_bytes: bytes of its value.
         source: a value in memory when the step starts (no run, no scheduler).
         home: for a source, the worker that holds it (None: every worker, the batch).
+
+    Example:
+        >>> SimTask("a", worker=0, duration=1.0, deps=()).source
+        False
     """
 
     key: Hashable
@@ -123,7 +137,12 @@ class SimTask:
 
 @dataclass
 class Result:
-    """A simulated step: its makespan and where the time went."""
+    """A simulated step: its makespan and where the time went.
+
+    Example:
+        >>> Result(1.0, 2, 0, 0.0, 0.0).makespan
+        1.0
+    """
 
     makespan: float
     tasks: int
@@ -260,7 +279,13 @@ def measure_tasks(sp, repeat: int = 2) -> list[tuple[str, float, float, float]]:
     """``(kind, FLOPs, bytes, seconds)`` of every tile task of the plan's lowered graph,
     executed here in this process, one task at a time on one thread, BLAS on one thread
     as in a worker process of one thread (the last of ``repeat`` runs: the first
-    compiles the kernels)."""
+    compiles the kernels).
+
+    Example:
+        >>> recs = measure_tasks(step_plan("mlp", dict(sizes=(8, 4, 2)), batch=4, n=1))
+        >>> {r[0] for r in recs} >= {"Gemm"}
+        True
+    """
     from threadpoolctl import threadpool_limits
 
     from dfdl.taskgraph.lower import lower
@@ -440,7 +465,12 @@ def measure_overheads(levels: int = 100) -> dict:
     """Dask's level latency here (bench/dask_floor.py) on one worker process of one
     thread at widths 1 and 4, and on two processes at width 2 (every task reads both
     of the level before, so each worker fetches one value from the other); solved as
-    ``level(w on one) = rtt + w * task``, ``level(2 on two) = rtt + 2 * task + fetch``."""
+    ``level(w on one) = rtt + w * task``, ``level(2 on two) = rtt + 2 * task + fetch``.
+
+    Example:
+        >>> measure_overheads()["overheads"]  # doctest: +SKIP
+        {'task_s': 0.0014, 'rtt_s': 0.00096, 'fetch_s': 0.0071}
+    """
     import dask_floor
     from distributed import Client
 
@@ -460,7 +490,12 @@ def measure_overheads(levels: int = 100) -> dict:
 
 def measure_bandwidth(nbytes: int = 64 * 2**20) -> float:
     """Bytes per second of one fetch of ``nbytes`` between two worker processes here
-    (Dask's task stream "transfer" interval; the best of three)."""
+    (Dask's task stream "transfer" interval; the best of three).
+
+    Example:
+        >>> measure_bandwidth()  # doctest: +SKIP
+        511492758.9
+    """
     from distributed import Client, get_task_stream
 
     from dfdl.runtime.cluster import local_cluster
@@ -482,7 +517,11 @@ def measure_bandwidth(nbytes: int = 64 * 2**20) -> float:
 def durations_for(runs: Sequence[tuple[str, dict, int, int, tuple, dict]]) -> tuple:
     """Measured tile tasks of each ``(workload, kwargs, batch, n, optimizer, dims)``
     plan and the duration model fitted to all of them; returns ``(model, records,
-    seconds measured per run)``."""
+    seconds measured per run)``.
+
+    Example:
+        >>> model, recs, totals = durations_for(_timed_runs())  # doctest: +SKIP
+    """
     records = []
     totals = []
     for name, kw, batch, n, opt, dims in runs:
@@ -506,7 +545,13 @@ def real_step(name: str, cfg: tuple, workers: int, steps: int = 4, warmup: int =
     processes of one thread here: seconds per step from Dask's task stream as
     bench/run.py measures it (the span from the end of the warm-up to the last step),
     and each tile task's mean seconds over the timed steps (the step tasks' members'
-    runs, bench/run.py's ``with_members``), by :func:`member_id`."""
+    runs, bench/run.py's ``with_members``), by :func:`member_id`.
+
+    Example:
+        >>> import run  # doctest: +SKIP
+        >>> real_step("resnet", run.SMALL["resnet"], 2)["step_s"]  # doctest: +SKIP
+        0.517
+    """
     import run
     from distributed import Client
 
@@ -561,7 +606,15 @@ def predicted_step(
     measured: dict[str, float] | None = None,
 ) -> Result:
     """The simulated step of ``batch`` samples of a workload on ``n`` workers (tile
-    tasks' seconds from ``measured`` where it has them, else from ``model``)."""
+    tasks' seconds from ``measured`` where it has them, else from ``model``).
+
+    Example:
+        >>> free = Overheads(0.0, 0.0, 0.0)
+        >>> res = predicted_step("resnet", RESNET_TINY, 8, 2, ("sgd", {"lr": 0.1}), {},
+        ...                      DurationModel({"*": (1e-3, 0.0, 0.0)}), free, NETWORKS["ib100"])
+        >>> res.makespan > 0
+        True
+    """
     sp = step_plan(name, kw, batch, n, opt, dims)
     dsk, carried = step_graph(sp, n)
     return simulate(sim_tasks(sp, dsk, carried, model, threads, measured), over, net)
@@ -577,7 +630,12 @@ RESNET50 = ({}, 32, "sgd", {"lr": 0.01, "momentum": 0.9}, {})
 
 def workloads() -> dict[str, tuple]:
     """bench/run.py's full-size workloads and ResNet-50: name -> (kwargs, batch per
-    worker at N = 1, optimizer kind, its kwargs, dims)."""
+    worker at N = 1, optimizer kind, its kwargs, dims).
+
+    Example:
+        >>> sorted(workloads())
+        ['mlp', 'resnet', 'resnet50', 'transformer', 'unet3d']
+    """
     import run
 
     return {**run.FULL, "resnet50": RESNET50}
@@ -598,7 +656,11 @@ _GRAPHS: dict = {}
 
 def graph_tasks(name: str, cfg: tuple, batch: int, n: int, model: DurationModel) -> tuple:
     """``(tasks, stages)`` of the simulated step of ``batch`` samples on ``n`` workers
-    (built once per ``(name, batch, n)``)."""
+    (built once per ``(name, batch, n)``).
+
+    Example:
+        >>> tasks, stages = graph_tasks("resnet50", RESNET50, 64, 2, model)  # doctest: +SKIP
+    """
     key = (name, batch, n)
     if key not in _GRAPHS:
         kw, _, kind, okw, dims = cfg
@@ -625,7 +687,12 @@ def scaling(
     batch (the config's; ResNet-50's is 32 x 64), "weak" the batch per worker (the
     config's); where the plan has fewer tiles than workers, the others idle. One row
     per N with each network's step, ``what_if`` (other overheads) on the first
-    network, and the ablations of :func:`_ablations` there."""
+    network, and the ablations of :func:`_ablations` there.
+
+    Example:
+        >>> rows = scaling("resnet50", RESNET50, "weak", (1, 64), model, over,  # doctest: +SKIP
+        ...                {"ib100": NETWORKS["ib100"]}, WHAT_IF)
+    """
     kw, batch, kind, okw, dims = cfg
     global_batch = batch * (64 if name == "resnet50" else 1)
     first = next(iter(nets.values()))
@@ -766,7 +833,11 @@ def measure(path: str, parts: Sequence[str] = ("overheads", "real", "tasks")) ->
     """Measures here what the simulation takes from this machine and adds it to the
     JSON at ``path`` (made if missing): ``overheads`` (Dask's, and the loopback
     bandwidth), ``real`` (the real 1- and 2-process step times of bench/run.py's small
-    workloads), ``tasks`` (the timed tile tasks); with the 1-minute load averages."""
+    workloads), ``tasks`` (the timed tile tasks); with the 1-minute load averages.
+
+    Example:
+        >>> measure("measured.json", ["overheads"])  # doctest: +SKIP
+    """
     import run
 
     out: dict = {}
@@ -808,7 +879,11 @@ def calibration(measured: dict, model: DurationModel, over: Overheads) -> list[d
     (loopback network at the measured bandwidth; workers of one thread, which have no
     gang helper) against the measured ones: with each tile task's seconds from the real
     run itself (``error_real_durations``: the graph, scheduler and network model alone)
-    and from the fitted duration model (``error``: the whole simulation)."""
+    and from the fitted duration model (``error``: the whole simulation).
+
+    Example:
+        >>> rows = calibration(measured, fit(measured["task_records"]), over)  # doctest: +SKIP
+    """
     import run
 
     local = Network("this machine's loopback", 0.0, measured["bandwidth_bytes_s"], True)
@@ -857,7 +932,11 @@ def simulate_all(
     command: str = "",
 ) -> dict:
     """Calibration (if ``calibrate``) and strong and weak scaling of ``names`` from a
-    :func:`measure` file (written to ``dump`` after each workload, if given)."""
+    :func:`measure` file (written to ``dump`` after each workload, if given).
+
+    Example:
+        >>> out = simulate_all(measured, [1, 2, 4], ["resnet50"])  # doctest: +SKIP
+    """
     model = fit(map(tuple, measured["task_records"]))
     over = Overheads(**measured["overheads"])
     out: dict = {
@@ -934,7 +1013,12 @@ def _table(out: dict) -> str:
 
 
 def markdown(out: dict) -> str:
-    """The result's tables as Markdown (for ``docs/design/scale-sim.md``)."""
+    """The result's tables as Markdown (for ``docs/design/scale-sim.md``).
+
+    Example:
+        >>> markdown({"scaling": {}}).splitlines()[0].startswith("| workload |")
+        True
+    """
     lines = [
         "| workload | workers | real s/step | simulated (fitted durations) | error |"
         " simulated (the run's task times) | error |",
@@ -966,7 +1050,11 @@ def markdown(out: dict) -> str:
 
 
 def plot(out: dict, path: str) -> None:
-    """The efficiency curves of :func:`simulate_all`'s result over 100 Gb/s."""
+    """The efficiency curves of :func:`simulate_all`'s result over 100 Gb/s.
+
+    Example:
+        >>> plot(out, "docs/design/scale-sim.svg")  # doctest: +SKIP
+    """
     panels = []
     for mode in ("strong", "weak"):
         series = {}
@@ -981,7 +1069,11 @@ def plot(out: dict, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``--measure FILE`` measures here; ``--from FILE --json OUT`` simulates (also
-    ``--from OUT --replot``: the plot and tables of an earlier simulation)."""
+    ``--from OUT --replot``: the plot and tables of an earlier simulation).
+
+    Example:
+        >>> main(["--from", "measured.json", "--json", "out.json"])  # doctest: +SKIP
+    """
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measure", default=None, help="measure here and write this file")
     ap.add_argument(
