@@ -58,6 +58,8 @@ def date_and_tag(stem: str) -> tuple[str, str]:
 def kind_of(name: str, data: Any) -> str:
     """The benchmark that wrote a result, from its file name, else from its layout."""
     for prefix, kind in (
+        ("scale-sim-measured", "scale-sim-measured"),
+        ("scale-sim", "scale-sim"),
         ("run-full", "run-full"),
         ("conv-kernels", "conv-kernels"),
         ("blas", "blas"),
@@ -179,6 +181,33 @@ def _tune_digits(name: str, data: dict) -> list[str]:
     ]
 
 
+def _scale_sim(name: str, data: dict) -> list[str]:
+    calib = get(data, "calibration", default=[]) or []
+    errors = ", ".join(
+        f"{get(r, 'workload')}/{get(r, 'workers')}"
+        f" {num(100 * (get(r, 'error_real_durations') or 0), '{:+.0f}%')}"
+        for r in calib
+    )
+
+    def eff(label: str) -> str:
+        rows = get(data, "scaling", "resnet50", "strong", default=[]) or []
+        hit = [r for r in rows if get(r, "n") == 64]
+        return num(100 * get(hit, 0, label, "efficiency", default=math.nan), "{:.0f}%")
+
+    return [errors or "-", eff("ib100"), eff("eth25"), eff("what_if")]
+
+
+def _scale_sim_measured(name: str, data: dict) -> list[str]:
+    over = get(data, "overheads", default={}) or {}
+    return [
+        num(1e3 * (get(over, "task_s") or math.nan), "{:.2f}"),
+        num(1e3 * (get(over, "rtt_s") or math.nan), "{:.2f}"),
+        num(1e3 * (get(over, "fetch_s") or math.nan), "{:.2f}"),
+        num((get(data, "bandwidth_bytes_s") or math.nan) / 1e6, "{:.0f}"),
+        num(len(get(data, "task_records", default=[]) or [])),
+    ]
+
+
 def _other(name: str, data: Any) -> list[str]:
     keys = ", ".join(map(str, data)) if isinstance(data, dict) else type(data).__name__
     return [keys]
@@ -238,6 +267,23 @@ KINDS: dict[str, tuple[str, str, list[str], Callable[[str, Any], list[str]]]] = 
             "trials with the sequential run's losses",
         ],
         _tune_digits,
+    ),
+    "scale-sim": (
+        "Scaling past this machine, simulated",
+        "python bench/scale_sim.py --from measured.json --json out.json",
+        [
+            "calibration error (the runs' own task times), workload/processes",
+            "ResNet-50 strong efficiency at 64, 100 Gb/s",
+            "25 Gb/s",
+            "what-if (no scheduler in a step)",
+        ],
+        _scale_sim,
+    ),
+    "scale-sim-measured": (
+        "Measured here for the scaling simulation",
+        "python bench/scale_sim.py --measure measured.json",
+        ["scheduler ms/task", "round trip ms", "fetch ms", "loopback MB/s", "timed tile tasks"],
+        _scale_sim_measured,
     ),
     "other": ("Other results", "", ["top-level keys"], _other),
 }

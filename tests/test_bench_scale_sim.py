@@ -1,0 +1,161 @@
+"""``bench/scale_sim.py``'s discrete-event simulation on graphs whose answer is known
+(exact makespans, what latency, bandwidth and the scheduler add), and on the graph the
+engine builds for two workers (its figures: ``bench/reference/scale-sim-*.json``)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import scale_sim as sim  # noqa: E402
+from scale_graph import Cost  # noqa: E402
+
+FREE = sim.Overheads(task_s=0.0, rtt_s=0.0, fetch_s=0.0)
+NO_WIRE = sim.Network("instant", 0.0, math.inf)
+
+
+def test_durations_alone_give_the_exact_makespan():
+    tasks = [
+        sim.SimTask("a", 0, 1.0, ()),
+        sim.SimTask("b", 1, 2.5, ()),
+        sim.SimTask("c", 0, 0.5, ("a",)),
+        sim.SimTask("d", 1, 1.0, ("b", "c")),  # reads both workers' values
+    ]
+    res = sim.simulate(tasks, FREE, NO_WIRE)
+    assert res.makespan == pytest.approx(3.5)  # b (2.5) then d (1.0); a, c end at 1.5
+    assert res.compute_s == [1.5, 3.5]
+    assert res.fetches == 1  # d fetches c from worker 0
+
+
+def test_one_worker_is_the_sum_of_durations_plus_the_scheduler_per_task():
+    durations = [0.2, 0.1, 0.4, 0.3]
+    tasks = [sim.SimTask(i, 0, d, (i - 1,) if i else ()) for i, d in enumerate(durations)]
+    over = sim.Overheads(task_s=0.01, rtt_s=0.002, fetch_s=0.5)  # no fetch on one worker
+    res = sim.simulate(tasks, over, sim.Network("n", 1e-3, 1e9))
+    # each task waits for its dispatch: scheduler + rtt + one latency; each end sends one
+    per_task = over.task_s + over.rtt_s + 1e-3
+    expect = sum(durations) + len(durations) * per_task + (len(durations) - 1) * 1e-3
+    assert res.makespan == pytest.approx(expect)
+    assert res.fetches == 0
+
+
+def test_latency_and_bandwidth_add_what_they_should_on_a_two_worker_exchange():
+    nbytes, bw, lat = 4e6, 2e9, 5e-6
+    over = sim.Overheads(task_s=1e-3, rtt_s=2e-4, fetch_s=3e-4)
+    tasks = [
+        sim.SimTask("a", 0, 1.0, (), nbytes),
+        sim.SimTask("b", 1, 1.0, ("a",)),
+    ]
+    res = sim.simulate(tasks, over, sim.Network("n", lat, bw))
+    start_a = over.task_s + lat + over.rtt_s
+    finished = start_a + 1.0 + lat + over.task_s  # a's end reaches the scheduler
+    dispatched = finished + lat + over.rtt_s
+    fetched = dispatched + over.fetch_s + lat + nbytes / bw + lat
+    assert res.makespan == pytest.approx(fetched + 1.0)
+    assert res.fetched_bytes == nbytes
+    # twice the bytes cost one more transfer time, nothing else
+    tasks[0].out_bytes = 2 * nbytes
+    assert sim.simulate(tasks, over, sim.Network("n", lat, bw)).makespan == pytest.approx(
+        fetched + 1.0 + nbytes / bw
+    )
+
+
+def test_the_scheduler_handles_one_message_at_a_time():
+    n, cost = 16, 1e-3
+    tasks = [sim.SimTask(i, i, 0.0, ()) for i in range(n)]
+    res = sim.simulate(tasks, sim.Overheads(cost, 0.0, 0.0), NO_WIRE)
+    # n dispatches one after another, then n finishes: the last one ends at n * cost
+    assert res.makespan == pytest.approx(n * cost)
+    assert res.scheduler_busy_s == pytest.approx(2 * n * cost)
+
+
+def test_a_link_carries_one_transfer_at_a_time():
+    size, bw = 1e6, 1e6  # one second per transfer
+    tasks = [
+        sim.SimTask("x", 0, 0.0, (), size, source=True, home=0),
+        sim.SimTask("r1", 1, 0.0, ("x",)),
+        sim.SimTask("r2", 2, 0.0, ("x",)),
+    ]
+    # worker 0's outgoing link sends to 1, then to 2
+    assert sim.simulate(tasks, FREE, sim.Network("n", 0.0, bw)).makespan == pytest.approx(2.0)
+
+
+def test_a_source_every_worker_holds_moves_nothing():
+    tasks = [
+        sim.SimTask("batch", 0, 0.0, (), 1e9, source=True, home=None),
+        sim.SimTask("r", 3, 1.0, ("batch",)),
+    ]
+    res = sim.simulate(tasks, FREE, sim.Network("n", 0.0, 1.0))
+    assert res.makespan == pytest.approx(1.0) and res.fetches == 0
+
+
+def test_fit_recovers_known_rates_per_kind():
+    recs = [("Conv", f, b, 1e-4 + 2e-11 * f + 1e-10 * b) for f in (1e6, 1e8, 1e9) for b in (0, 1e6)]
+    recs += [("elementwise", 0.0, b, 5e-6 + 1e-9 * b) for b in (1e3, 1e5, 1e6, 1e7)]
+    model = sim.fit(recs)
+    assert model(Cost("Conv", 5e8, 2e6, 0)) == pytest.approx(1e-4 + 1e-2 + 2e-4, rel=1e-6)
+    assert model(Cost("elementwise", 0, 4e6, 0)) == pytest.approx(5e-6 + 4e-3, rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    sp = sim.step_plan("resnet", sim.RESNET_TINY, batch=8, n=2, tiles=sim.TWO_TILES)
+    dsk, carried = sim.step_graph(sp, 2)
+    return sp, dsk, carried
+
+
+def test_the_engine_s_graph_for_two_workers_conserves_the_work(two_workers):
+    sp, dsk, carried = two_workers
+    model = sim.DurationModel({"*": (1e-3, 0.0, 0.0)})  # 1 ms per tile task
+    tasks = sim.sim_tasks(sp, dsk, carried, model)
+    run = [t for t in tasks if not t.source]
+    assert {t.worker for t in run} == {0, 1}
+    # every tile task of one worker's graph runs on two (replicated merges once per
+    # worker): at least as much work as on one
+    total = sum(t.duration for t in run)
+    one = sim.sim_tasks(
+        sp,
+        *sim.step_graph(
+            sim.step_plan("resnet", sim.RESNET_TINY, batch=8, n=1, tiles=sim.TWO_TILES), 1
+        ),
+        model,
+    )
+    assert total >= sum(t.duration for t in one if not t.source) - 1e-9
+    # the weights' next values come from workers 0 and 1: some sources live on each
+    assert {t.home for t in tasks if t.source and t.home is not None} == {0, 1}
+    free = sim.simulate(tasks, FREE, NO_WIRE)
+    assert max(free.compute_s) <= free.makespan + 1e-9 <= total + 1e-9
+
+
+def test_slower_networks_and_schedulers_never_shorten_the_step(two_workers):
+    sp, dsk, carried = two_workers
+    model = sim.DurationModel({"*": (1e-4, 1e-10, 1e-10)})
+    tasks = sim.sim_tasks(sp, dsk, carried, model)
+    fast = sim.simulate(tasks, FREE, sim.NETWORKS["ib100"]).makespan
+    slow = sim.simulate(tasks, FREE, sim.NETWORKS["eth25"]).makespan
+    busy = sim.simulate(tasks, sim.Overheads(1e-3, 1e-3, 1e-3), sim.NETWORKS["eth25"])
+    assert fast <= slow < busy.makespan
+    # one message per task's end, and one per task sent when the graph arrives
+    sources = {t.key for t in tasks if t.source}
+    run = [t for t in tasks if not t.source]
+    roots = [t for t in run if not set(t.deps) - sources]
+    assert busy.scheduler_busy_s == pytest.approx(1e-3 * (len(run) + len(roots)))
+
+
+def test_the_plot_has_one_polyline_per_curve(tmp_path):
+    out = tmp_path / "p.svg"
+    sim.svg_plot(
+        [
+            ("strong", {"a": [(1, 1.0), (4, 0.5)], "b (what-if)": [(1, 1.0), (4, 0.9)]}),
+            ("weak", {"a": [(1, 1.0), (4, 0.8)]}),
+        ],
+        str(out),
+    )
+    text = out.read_text()
+    assert text.startswith("<svg") and text.count("<polyline") == 3
+    assert 'stroke-dasharray="5,3"' in text
