@@ -401,10 +401,13 @@ def make_data(name: str, kw: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def train_streamed(client, model, x, y, batch: int, kind: str, okw: dict, steps: int, engine=None):
+def train_streamed(
+    client, model, x, y, batch: int, kind: str, okw: dict, steps: int, engine=None, tiles=None
+):
     """One ``steps``-step ``dfdl.train`` call on ``client`` under Dask's task stream, as
-    every dfdl measurement here runs it (with ``engine``: :class:`dfdl.EngineOptions`);
-    returns ``(TrainResult, task-stream records)``."""
+    every dfdl measurement here runs it (with ``engine``: :class:`dfdl.EngineOptions`;
+    ``tiles``: ``dfdl.train``'s, None for automatic); returns ``(TrainResult,
+    task-stream records)``."""
     from distributed import get_task_stream
 
     client.run(_trace_gangs, True)
@@ -420,6 +423,7 @@ def train_streamed(client, model, x, y, batch: int, kind: str, okw: dict, steps:
                 client=client,
                 progress=False,
                 engine=engine,
+                tiles=tiles,
             )
     finally:
         traces = client.run(_trace_gangs, False)

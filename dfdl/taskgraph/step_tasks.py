@@ -181,8 +181,12 @@ def group_steps(
         ]
         for i, m in enumerate(exports):
             value = Task(m, operator.getitem, TaskRef(g), i)
-            if m in keep:
+            if m in keep or place is not None:
+                # several workers: a value of its own, taken where the task ran, so a
+                # reader elsewhere fetches that value, not all the task's outputs
                 out[m] = value
+                if place is not None:
+                    continue
             for r in readers[m]:
                 if slot.get(r) != g and not peer(m, r):
                     subs.setdefault(r, {})[m] = value
