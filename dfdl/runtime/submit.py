@@ -46,14 +46,15 @@ except ImportError:  # pragma: no cover - the fallback above never builds one
 
 
 class _Placed(_LLGExpr):
-    """A low-level graph whose listed keys run on the given workers only (a worker's
-    share of a step sends to and receives from the other workers by address; when its
-    worker is lost, the trainer's recovery resubmits for the workers left)."""
+    """A low-level graph whose listed keys run on the given workers while they are there
+    (loose restrictions: a task whose worker was lost runs elsewhere rather than never;
+    a worker's share of a step then raises at once and the trainer replays)."""
 
     _parameters = ["dsk", "workers"]
 
     def __dask_annotations__(self):
-        return {"workers": self.operand("workers")}
+        workers = self.operand("workers")
+        return {"workers": workers, "allow_other_workers": dict.fromkeys(workers, True)}
 
 
 def get(
@@ -73,7 +74,8 @@ def get(
         keys: the keys to compute.
         sync: wait for and return the results (else futures).
         resources: worker resources every task needs (``{"GPU": 1}``), or None.
-        workers: the workers each listed key must run on, or None.
+        workers: the workers each listed key should run on while they are there (loose
+            restrictions), or None.
 
     Returns:
         What ``Client.get`` returns: futures (``sync=False``) or results, in the order

@@ -177,6 +177,21 @@ def wait_any(
                 )
 
 
+def address() -> str | None:
+    """The address of the worker this thread runs a task for (None outside a worker).
+
+    Example:
+        >>> address() is None
+        True
+    """
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except (ImportError, ValueError):
+        return None
+
+
 def _answers(address: str) -> bool:
     """Whether the worker at ``address`` answers (True outside a worker)."""
     try:
@@ -237,17 +252,28 @@ class Outbox:
         from distributed.protocol import to_serialize
 
         call = worker.rpc(address).dfdl_exchange(key=name(key), value=to_serialize(value))
-        self.pending.append(asyncio.run_coroutine_threadsafe(call, worker.loop.asyncio_loop))
+        self.pending.append(
+            (address, asyncio.run_coroutine_threadsafe(call, worker.loop.asyncio_loop))
+        )
 
     def fail(self, address: str, key: Hashable, message: str) -> None:
         """Send a failure under ``key``: its reader raises ``message``."""
         self.send(address, key, _Failed(message))
 
     def close(self) -> None:
-        """Wait until every value sent was delivered; raises a delivery's error."""
-        for f in self.pending:
-            f.result()
-        self.pending.clear()
+        """Wait until every value sent was delivered.
+
+        Raises:
+            PeerLostError: a value could not be delivered (its worker is gone).
+        """
+        pending, self.pending = self.pending, []
+        for address, f in pending:
+            try:
+                f.result()
+            except Exception as e:  # noqa: BLE001 - refused, closed: the reader is gone
+                raise PeerLostError(
+                    f"could not send a value to the worker at {address}: {type(e).__name__}: {e}"
+                ) from e
 
     def _worker(self):
         if self.worker is None:

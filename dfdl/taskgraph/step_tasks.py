@@ -209,7 +209,7 @@ def group_steps(
         head = (tasks, member_deps, tuple(index[m] for m in exports))
         if direct:
             owed = tuple((index[m], tuple(ps)) for m, ps in sends[g])
-            head = (*head, owed, tuple(peers))
+            head = (*head, owed, tuple(peers), g[-2])
         out[g] = Task(
             g,
             run_exchange if direct else run_serial if serial else run_local,
@@ -375,19 +375,29 @@ def run_serial(tasks: tuple, deps: tuple, exports: tuple, outside: tuple, *value
 
 
 def run_exchange(
-    tasks: tuple, deps: tuple, exports: tuple, owed: tuple, peers: tuple, outside: tuple, *values
+    tasks: tuple,
+    deps: tuple,
+    exports: tuple,
+    owed: tuple,
+    peers: tuple,
+    me: int,
+    outside: tuple,
+    *values,
 ) -> Outputs:
     """One worker's share of a step, on this thread, exchanging values with the other
     workers' shares: ``owed`` holds ``(i, workers)``, the value of ``tasks[i]`` to send
     to those workers (their addresses in ``peers``) once computed; the values this share
     reads from them are tasks of :func:`dfdl.taskgraph.exchange.receive` (standing for
-    the value to take). When a task fails, what was still owed is sent as a failure, so
-    no reader waits for it.
+    the value to take); ``me`` is this share's worker (``peers[me]``). When a task
+    fails, what was still owed is sent as a failure, so no reader waits for it. A share
+    that Dask ran on another worker than its own (its own was lost) raises
+    :class:`~dfdl.taskgraph.exchange.PeerLostError` at once: values are addressed to
+    workers, and the trainer replays the steps since its last anchor.
 
     Example:
         >>> from dask.task_spec import Task, TaskRef
         >>> run_exchange((Task("a", min, TaskRef("x"), 0), Task("b", abs, TaskRef("a"))),
-        ...              ((), (0,)), (1,), ((0, (1,)),), ("w0", "w1"), ("x",), -5)
+        ...              ((), (0,)), (1,), ((0, (1,)),), ("w0", "w1"), 0, ("x",), -5)
         (5,)
         >>> exchange.receive("a", timeout=1)
         -5
@@ -398,6 +408,12 @@ def run_exchange(
     cycle, some worker can always run one, and no worker waits for ever.
     """
     exchange.begin()
+    here = exchange.address()
+    if here is not None and here != peers[me]:
+        raise exchange.PeerLostError(
+            f"this share of a step was for the worker at {peers[me]}, which was lost; it"
+            f" reached {here}"
+        )
     cache = dict(zip(outside, values, strict=True))
     STEP_VALUES.values = cache
     sched = _Schedule(tasks, deps, exports, cache)

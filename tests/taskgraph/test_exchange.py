@@ -4,6 +4,7 @@ hanging, and a real two-worker cluster delivers between processes."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -40,7 +41,7 @@ def test_a_failed_sender_fails_its_readers_at_once():
 
     tasks = (Task("a", boom, TaskRef("x")),)
     with pytest.raises(ValueError, match="bad tile"):
-        run_exchange(tasks, ((),), (), ((0, (1,)),), ("w0", "w1"), ("x",), 1)
+        run_exchange(tasks, ((),), (), ((0, (1,)),), ("w0", "w1"), 0, ("x",), 1)
     t0 = time.monotonic()
     with pytest.raises(
         exchange.ExchangeError, match="'a' failed on another worker: ValueError: bad tile"
@@ -57,8 +58,10 @@ def test_two_worker_processes_exchange_values(client):
             Task("y", lambda v: v + 1, TaskRef(("v", 0))))  # fmt: skip
     dsk = {
         "x": Task("x", int, -5),
-        "A": Task("A", run_exchange, send, ((),), (0,), ((0, (1,)),), (a, b), ("x",), TaskRef("x")),
-        "B": Task("B", run_exchange, take, ((), (0,)), (1,), (), (a, b), ()),
+        "A": Task(
+            "A", run_exchange, send, ((),), (0,), ((0, (1,)),), (a, b), 0, ("x",), TaskRef("x")
+        ),
+        "B": Task("B", run_exchange, take, ((), (0,)), (1,), (), (a, b), 1, ()),
     }
     fa, fb = submit.get(client, dsk, ["A", "B"], workers={"A": [a], "B": [b]})
     assert fa.result(timeout=60) == (-5,)
@@ -76,3 +79,23 @@ def test_a_lost_sender_is_noticed_within_seconds(client):
     with pytest.raises(exchange.PeerLostError, match="tcp://127.0.0.1:9 was lost"):
         f.result(timeout=60)
     assert time.monotonic() - t0 < 30
+
+
+def test_a_share_that_reaches_another_worker_than_its_own_raises_at_once(client):
+    # its own worker was lost and Dask ran it elsewhere: values are sent by address
+    worker_setup.install(client)
+    a, b = sorted(client.nthreads())
+    tasks = (Task("v", abs, -1),)
+    dsk = {"S": Task("S", run_exchange, tasks, ((),), (0,), (), (a, b), 0, ())}
+    (f,) = submit.get(client, dsk, ["S"], workers={"S": [b]})
+    with pytest.raises(exchange.PeerLostError, match=f"for the worker at {a}, which was lost"):
+        f.result(timeout=60)
+
+
+def test_an_undeliverable_value_is_a_lost_peer():
+    outbox = exchange.Outbox()
+    future = concurrent.futures.Future()
+    future.set_exception(OSError("connection refused"))
+    outbox.pending.append(("tcp://127.0.0.1:9", future))
+    with pytest.raises(exchange.PeerLostError, match="tcp://127.0.0.1:9: OSError"):
+        outbox.close()
