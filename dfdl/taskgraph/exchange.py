@@ -169,6 +169,11 @@ def wait_any(
             _arrived.wait(min(left, POLL))
             if any(label in _box for label in names.values()):
                 return
+        if _cancelled():
+            raise ExchangeError(
+                f"stopped waiting for {', '.join(sorted(names.values())[:2])}: this step was"
+                " cancelled (the training was interrupted or replays)"
+            )
         for address in senders:
             if not _answers(address):
                 raise PeerLostError(
@@ -190,6 +195,23 @@ def address() -> str | None:
         return get_worker().address
     except (ImportError, ValueError):
         return None
+
+
+def _cancelled() -> bool:
+    """Whether the task this thread runs was cancelled by the scheduler (False outside
+    a worker): a share waiting for values that will not come then ends at once."""
+    try:
+        from distributed import get_worker
+        from distributed.worker import thread_state
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return False
+    key = getattr(thread_state, "key", None)
+    if key is None:
+        return False
+    ts = worker.state.tasks.get(key)
+    return ts is None or ts.state in ("cancelled", "released", "forgotten")
 
 
 def _answers(address: str) -> bool:
