@@ -59,8 +59,10 @@ def test_result_holds_best_model_and_every_history(two_runs):
     assert four.best_value == min(t.value for t in complete) == best.value
     for t in four.trials:
         epochs = len(t.history["val_loss"])
-        # pruned before the last epoch (which has nothing left to save)
-        assert 1 <= epochs <= EPOCHS and (t.state == "complete") == (epochs == EPOCHS), t
+        if t.state == "complete":
+            assert epochs == EPOCHS, t
+        else:  # pruned after a rung, before the last epoch (which has nothing left to save)
+            assert t.state == "pruned" and 1 <= epochs < EPOCHS, t
         per_epoch = -(-64 // t.params["batch_size"])
         assert len(t.history["loss"]) == epochs * per_epoch
         assert t.value == t.history["val_loss"][-1]
