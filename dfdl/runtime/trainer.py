@@ -598,6 +598,25 @@ def gather_watching(client, futures, *, poll: float = 5.0, give_up: float | None
         done.set()
     for f in futures:
         f.add_done_callback(one_done)  # called once the future is finished, erred or cancelled
+    try:
+        return _wait_gather(client, futures, done, poll, give_up)
+    except (KeyboardInterrupt, SystemExit, TrainingError):
+        # a pending done-callback holds its future on the client's event loop until the
+        # task ends: cancel them, or an interrupted run's tasks stay wanted and keep running
+        # (a task's own error instead goes to the recovery, which may still need them)
+        _cancel_quietly(client, futures)
+        raise
+
+
+def _cancel_quietly(client, futures) -> None:
+    """Cancel ``futures`` on the cluster, ignoring a client already closed."""
+    try:
+        client.cancel([f for f in futures if not f.done()])
+    except Exception:  # noqa: BLE001 - closing or closed client: its futures went with it
+        pass
+
+
+def _wait_gather(client, futures, done, poll: float, give_up: float):
     paused_since = None
     while True:
         if done.wait(poll):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
 import dask
@@ -80,6 +83,39 @@ def test_gather_gives_up_on_workers_paused_for_memory(paused_client):
     futures = paused_client.map(_slow_square, range(4))
     with pytest.raises(TrainingError, match=r"paused by Dask's memory monitor for 1 s \(tls://"):
         gather_watching(paused_client, futures, poll=0.2, give_up=1.0)
+    # given up on: the futures are cancelled, not left wanted on the cluster
+    assert all(f.cancelled() for f in futures)
+
+
+def _sleep_long(x):
+    import time
+
+    time.sleep(60)
+    return x
+
+
+def test_an_interrupted_gather_cancels_its_futures(client):
+    """Ctrl-C while waiting: the tasks leave the scheduler although the caller still
+    holds the futures (as a pending done-callback does, until its task ends)."""
+    futures = client.map(_sleep_long, range(2))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            gather_watching(client, futures, poll=0.1, give_up=30)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    deadline = time.monotonic() + 10
+    while client.run_on_scheduler(_scheduler_tasks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.run_on_scheduler(_scheduler_tasks) == 0
+    assert all(f.cancelled() for f in futures)
+
+
+def _scheduler_tasks(dask_scheduler) -> int:
+    return len(dask_scheduler.tasks)
 
 
 def train_tiny_mlp(client):
