@@ -3,8 +3,15 @@
 ``python -m dfdl`` imports the package (dfdl, numpy, Dask: about 1.5 s) before the
 command's code runs; a Ctrl-C then would print the traceback of the import it cut. The
 package imports this module first (standard library only), which makes such a Ctrl-C
-print the command's one line and exit with status 130; :func:`dfdl.cli.main` hands
-Ctrl-C back to Python (a ``KeyboardInterrupt``, which it catches) once it runs.
+print the command's one line and exit with status 130; :func:`dfdl.cli.main` turns
+Ctrl-C into a ``KeyboardInterrupt`` (which it catches) once it runs.
+
+Python ignores an exception raised while a finalizer or a garbage collector callback
+runs ("Exception ignored in ..."), and a signal handler runs wherever the main thread
+is: a Ctrl-C landing there would be lost and the command would go on. So the loading
+handler exits at once, and the command's handler does not raise inside such code and
+delivers the Ctrl-C again every :data:`REDELIVER_S` seconds until :func:`handled` says
+the command caught it.
 
 Example:
     >>> interrupt_quietly_while_loading()  # in pytest, not ``python -m dfdl``
@@ -13,18 +20,66 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
 import threading
+import time
 from typing import NoReturn
 
 #: what the command prints to stderr on Ctrl-C, before it exits with status 130
 INTERRUPTED = "dfdl: interrupted"
 
+#: seconds between deliveries of a Ctrl-C the command has not caught yet
+REDELIVER_S = 0.5
+
+_handled = threading.Event()
+_redelivering: list[threading.Thread] = []
+
 
 def _interrupted_while_loading(signum, frame) -> NoReturn:
-    print(INTERRUPTED, file=sys.stderr)
-    raise SystemExit(130)
+    # nothing to clean up yet (no cluster, no files); an exception could be swallowed
+    sys.stderr.write(INTERRUPTED + "\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def _interrupt(signum, frame) -> NoReturn:
+    # the command is ending: what Dask's threads log about calls cut short is noise
+    for name in ("distributed", "tornado", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    if not _redelivering:
+        thread = threading.Thread(target=_redeliver, name="dfdl-interrupt", daemon=True)
+        _redelivering.append(thread)
+        thread.start()
+    if _in_finalizer(frame):
+        return  # Python would ignore it there (and print so): the thread sends it again
+    raise KeyboardInterrupt
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether ``frame`` runs inside a ``__del__``, a ``weakref.finalize`` or a garbage
+    collector callback, where Python ignores an exception."""
+    import gc
+    import weakref
+
+    codes = {weakref.finalize.__call__.__code__}
+    for callback in gc.callbacks:
+        code = getattr(getattr(callback, "__func__", callback), "__code__", None)
+        if code is not None:
+            codes.add(code)
+    while frame is not None:
+        if frame.f_code in codes or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver() -> None:
+    while not _handled.wait(REDELIVER_S):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0)  # let the main thread run its handler
 
 
 def interrupt_quietly_while_loading() -> bool:
@@ -54,14 +109,28 @@ def interrupt_quietly_while_loading() -> bool:
 
 
 def end_quiet_loading() -> None:
-    """Give Ctrl-C back to Python (a ``KeyboardInterrupt``) where
-    :func:`interrupt_quietly_while_loading` took it.
+    """Make Ctrl-C raise a ``KeyboardInterrupt`` where
+    :func:`interrupt_quietly_while_loading` took it, delivered again every
+    :data:`REDELIVER_S` seconds until :func:`handled` (one landing in a finalizer would
+    be ignored by Python).
 
     Example:
         >>> end_quiet_loading()
     """
     if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _interrupt)
+
+
+def handled() -> None:
+    """The command caught its ``KeyboardInterrupt`` and is closing: ignore further
+    Ctrl-C (where :func:`end_quiet_loading` installed its handler) and stop delivering.
+
+    Example:
+        >>> handled()
+    """
+    if signal.getsignal(signal.SIGINT) is _interrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _handled.set()
 
 
 # the package imports this module first (dfdl/__init__.py)

@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     from dfdl.errors import DfdlError
-    from dfdl.interrupts import INTERRUPTED, end_quiet_loading
+    from dfdl.interrupts import INTERRUPTED, end_quiet_loading, handled
 
     try:
         end_quiet_loading()
@@ -73,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dfdl: error: {message}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
+        handled()
         if args.debug:
             raise
         from dfdl.runtime.cluster import close_embedded

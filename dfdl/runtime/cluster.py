@@ -644,6 +644,7 @@ def close_embedded(quiet: bool = False) -> None:
         _close_embedded()
         if quiet:
             _close_half_started()
+            _kill_stragglers()
 
 
 def _close_half_started() -> None:
@@ -660,8 +661,20 @@ def _close_half_started() -> None:
             cluster.shutdown_on_close = False
 
 
+def _kill_stragglers() -> None:
+    """Kill the child processes still alive after the close: a worker process spawned
+    just before the interrupt, still unpickling its start-up data, would print a
+    traceback once this process has gone (its semaphores vanish with it)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=5)
+
+
 def _silence_logs() -> None:
-    for name in ("distributed", "tornado"):
+    # asyncio: "Task exception was never retrieved" of a nanny cut short while starting
+    for name in ("distributed", "tornado", "asyncio"):
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
