@@ -52,8 +52,9 @@ def test_release_returns_free_heap_pages_in_the_middle_of_the_heap():
     released = psutil.Process().memory_info().rss
     assert after_free - released > 128 * MiB
     # malloc still counts the released middle pages as free (madvise keeps its chunks);
-    # only a trimmed top shrinks the count, and the heap's top may be in use
-    assert heap.free_heap_bytes() <= free
+    # only a trimmed top shrinks the count, and the heap's top may be in use (other
+    # threads of this process, a Dask client's or pytest's, may free a few KB meanwhile)
+    assert heap.free_heap_bytes() <= free + MiB
     fragment_keep.clear()
 
 
