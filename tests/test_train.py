@@ -95,6 +95,29 @@ def test_bit_identical_on_one_and_three_workers(mlp):
     assert one.history["loss"] == three.history["loss"]
 
 
+def test_bit_identical_on_one_and_six_workers():
+    """Six workers read each BatchNorm's merged moments: four merge them, the other two
+    take a copy from one of those (partition.BROADCAST_FAN_OUT); the same weights."""
+    model = dfdl.models.resnet(
+        in_channels=2, image_size=8, stem=4, stages=(4,), blocks_per_stage=1, num_classes=3
+    )
+    rng = np.random.default_rng(0)
+    train_data = (rng.standard_normal((16, 2, 8, 8), dtype=np.float32), rng.integers(0, 3, 16))
+    from distributed import Client
+
+    runs = []
+    for n in (1, 6):
+        with _cluster(n) as cluster, Client(cluster) as c:
+            c.wait_for_workers(n, timeout=120)
+            runs.append(
+                fit(model, train_data, c, optimizer=dfdl.optim.SGD(lr=0.1), steps=2,
+                    batch_size=8, tiles={"batch": 8, "model": 1, "split_norms": 1})
+            )  # fmt: skip
+    one, six = runs
+    assert_same_params(one, six)
+    assert one.history["loss"] == six.history["loss"]
+
+
 # ---- checkpoints and resume ------------------------------------------------------------------
 
 RESUME_STEPS, RESUME_AT, EVERY = 7, 4, 2

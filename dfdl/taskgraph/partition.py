@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 
-from dask.task_spec import Task
+from dask.task_spec import Task, TaskRef
 
 from dfdl.plan.compile import StepPlan
 from dfdl.plan.tiling import REDUCE_FAN_IN, NodePlan
@@ -34,6 +34,12 @@ from dfdl.taskgraph.lower import task_name
 
 #: the axis roles that share a step's tiles out, the first split one of a node leading
 ROLE_ORDER = ("batch", "space", "model")
+
+#: workers that compute a replicated merge from its inputs; every further worker that
+#: reads it takes a copy from one of the workers before it, each sending to this many
+#: at most (a tree of depth log(N) instead of a few workers each sending to all N - 1:
+#: a message costs a worker's event loop about 0.6 ms of software, docs/design/scale-sim.md)
+BROADCAST_FAN_OUT = 4
 
 
 def _leading(np_: NodePlan, letters: Iterable[str]) -> str | None:
@@ -155,8 +161,11 @@ def replicate_merges(
     same order; and ``place`` extended to the copies.
 
     A worker then waits for the others' partial sums only, not also for one worker's
-    merge of them: one exchange per merge instead of two. The copies' values are the
-    same bits as the merge's.
+    merge of them: one exchange per merge instead of two. On more than
+    :data:`BROADCAST_FAN_OUT` readers' workers, only that many (those holding inputs
+    first) compute it; the others take it from a copy before them in a tree of fan-out
+    :data:`BROADCAST_FAN_OUT`, so that no worker sends it to all the others. The
+    copies' values are the same bits as the merge's.
 
     Args:
         dsk: a graph of ``dask.task_spec`` nodes with keys ``(name, step, ...)``.
@@ -198,11 +207,18 @@ def replicate_merges(
                 by_part.setdefault(p, []).append(r)
         if len(by_part) < 2:
             continue
-        for p, rs in by_part.items():
+        # the workers holding inputs first (they read the fewest values from others)
+        owners = {place(d) for d in ins}
+        parts = sorted(by_part, key=lambda p: (p not in owners, p))
+        for i, p in enumerate(parts):
             ck = (*k, f"on{p}")
             copies[ck] = p
-            out[ck] = node.substitute({}, key=ck)
-            for r in rs:
+            if i < BROADCAST_FAN_OUT:
+                out[ck] = node.substitute({}, key=ck)
+            else:  # a copy of a copy: each worker sends to BROADCAST_FAN_OUT others at most
+                parent = (*k, f"on{parts[i // BROADCAST_FAN_OUT - 1]}")
+                out[ck] = Task(ck, _same, TaskRef(parent))
+            for r in by_part[p]:
                 out[r] = out[r].substitute({k: ck})
         if k not in keep and all(place(r) is not None for r in readers[k]):
             del out[k]
@@ -212,6 +228,11 @@ def replicate_merges(
         return p if p is not None else place(key)
 
     return out, where
+
+
+def _same(value):
+    """A merge's value, taken from another worker's copy of it (the same bits)."""
+    return value
 
 
 def _in_step(key: Hashable) -> bool:

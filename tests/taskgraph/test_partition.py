@@ -124,6 +124,50 @@ def test_a_tiny_merge_is_computed_again_on_each_worker_that_reads_it():
     assert Counter(g[2] for g in groups) == {0: 3, 1: 2}
 
 
+def _wide_batchnorm_like(n):
+    """:func:`_batchnorm_like` on ``n`` batch tiles, each on its own worker."""
+    dsk = {("w", 0): DataNode(("w", 0), 3.0)}
+    for i in range(n):
+        dsk[("x", 0, i)] = DataNode(("x", 0, i), float(i + 2))
+        dsk[("a", 0, i)] = _t(("a", 0, i), operator.mul, ("x", 0, i), ("w", 0))
+    dsk[("m", 0)] = _t(("m", 0), _total, *[("a", 0, i) for i in range(n)])
+    for i in range(n):
+        dsk[("c", 0, i)] = _t(("c", 0, i), operator.sub, ("a", 0, i), ("m", 0))
+    dsk[("loss", 0)] = _t(("loss", 0), _total, *[("c", 0, i) for i in range(n)])
+    return dsk
+
+
+def _total(*values):
+    return sum(values)
+
+
+def test_on_many_workers_a_merge_reaches_the_others_down_a_tree():
+    n = 21
+    dsk = _wide_batchnorm_like(n)
+    copied, place = replicate_merges(dsk, KEEP, _place, tiny=lambda k: True)
+    assert get_sync(copied, KEEP) == get_sync(dsk, KEEP)
+    copies = {k: v for k, v in copied.items() if k[0] == "m"}
+    assert {place(k) for k in copies} == set(range(n))
+    # four workers merge the sums themselves; each other worker reads one earlier copy
+    computing = [k for k, v in copies.items() if ("a", 0, 0) in v.dependencies]
+    assert sorted(place(k) for k in computing) == [0, 1, 2, 3]
+    sends = Counter()
+    for k, v in copies.items():
+        if k not in computing:
+            (parent,) = v.dependencies
+            assert place(parent) < place(k)
+            sends[parent] += 1
+    assert max(sends.values()) == 4  # no worker sends the merge to more than four
+    depth = {k: 0 for k in computing}
+    for k in sorted(copies, key=place):
+        if k not in depth:
+            (parent,) = copies[k].dependencies
+            depth[k] = depth[parent] + 1
+    assert max(depth.values()) == 2  # 4 + 16 + 1 workers: two hops at most
+    # (the shares passing values directly need one mailbox per worker: a cluster's
+    # processes, tests/test_train.py::test_bit_identical_on_one_and_six_workers)
+
+
 def test_a_large_merge_is_not_copied():
     dsk = _batchnorm_like()
     copied, _ = replicate_merges(dsk, KEEP, _place, tiny=lambda k: False)
