@@ -947,6 +947,9 @@ def _ablations(
     }
     if design == "direct":
         out["no_send_software"] = (replace(over, send_s=0.0, message_s=0.0), net)
+        # a message's software a tenth of this loaded 2-core VM's (a node's idle core)
+        tenth = replace(over, send_s=over.send_s / 10, message_s=over.message_s / 10)
+        out["tenth_send_software"] = (tenth, net)
     return out
 
 
@@ -1069,7 +1072,8 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
 def svg_plot(panels: list[tuple[str, dict[str, list[tuple[int, float]]]]], path: str) -> None:
     """Writes an SVG of efficiency (0..1.1) against N (log 2 axis), one panel per
-    ``(title, {label: [(N, efficiency)]})``; a label ending in "(what-if)" is dashed.
+    ``(title, {label: [(N, efficiency)]})``; a label ending in ")" (a what-if, a
+    comparison) is dashed.
 
     Example:
         >>> svg_plot([("strong", {"a": [(1, 1.0), (2, 0.9)]})], "/tmp/x.svg")
@@ -1115,7 +1119,7 @@ def svg_plot(panels: list[tuple[str, dict[str, list[tuple[int, float]]]]], path:
             "worker processes N</text>"
         )
         for lab, pts in series.items():
-            dash = ' stroke-dasharray="5,3"' if lab.endswith("(what-if)") else ""
+            dash = ' stroke-dasharray="5,3"' if lab.endswith(")") else ""
             coords = " ".join(f"{x(n):.1f},{y(e):.1f}" for n, e in pts)
             parts.append(
                 f'<polyline points="{coords}" fill="none" stroke="{color[lab]}"'
@@ -1123,7 +1127,7 @@ def svg_plot(panels: list[tuple[str, dict[str, list[tuple[int, float]]]]], path:
             )
     for i, lab in enumerate(labels):
         lx, ly = 12 + (i % 3) * 260, h + 24 + (i // 3) * 16
-        dash = ' stroke-dasharray="5,3"' if lab.endswith("(what-if)") else ""
+        dash = ' stroke-dasharray="5,3"' if lab.endswith(")") else ""
         parts.append(
             f'<line x1="{lx}" x2="{lx + 24}" y1="{ly - 4}" y2="{ly - 4}" stroke="{color[lab]}"'
             f' stroke-width="1.8"{dash}/>'
@@ -1417,7 +1421,7 @@ def markdown(out: dict) -> str:
     if direct:
         lines = [
             "| workload | workers x threads | real s/step | simulated | error |"
-            " members per worker s | messages | MB sent |",
+            " busiest worker's compute s | messages | MB sent |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for r in out.get("calibration", []):
@@ -1433,6 +1437,7 @@ def markdown(out: dict) -> str:
             "parts_only",
             "no_scheduler_cpu",
             "no_send_software",
+            "tenth_send_software",
             "no_fetch_software",
             "no_wire",
         )
@@ -1450,22 +1455,53 @@ def markdown(out: dict) -> str:
                 f" {100 * r['error_real_durations']:+.1f}% |"
             )
         labels = ("ib100", "eth25", "what_if", "no_scheduler_cpu", "no_fetch_software", "no_wire")
+    old = out.get("stage_design", {})
+    extra = ["stage design, ib100"] if direct and old else []
     for mode in ("strong", "weak"):
         lines += ["", f"{mode} scaling: efficiency (step s)", ""]
-        lines.append("| workload | N | batch | stages | " + " | ".join(labels) + " |")
-        lines.append("|---" * (4 + len(labels)) + "|")
+        lines.append("| workload | N | batch | stages | " + " | ".join([*labels, *extra]) + " |")
+        lines.append("|---" * (4 + len(labels) + len(extra)) + "|")
         for name, modes in out["scaling"].items():
+            before = {r["n"]: r for r in old.get(name, {}).get(mode, [])}
             for r in modes[mode]:
                 cells = [
                     f"{100 * r[k]['efficiency']:.0f}% ({r[k]['step_s']:.3g})" if k in r else "-"
                     for k in labels
                 ]
+                if extra:
+                    b = before.get(r["n"])
+                    cells.append(f"{100 * b['efficiency']:.0f}% ({b['step_s']:.3g})" if b else "-")
                 lines.append(
                     f"| {name} | {r['n']} | {r['batch']} | {r['stages']} | "
                     + " | ".join(cells)
                     + " |"
                 )
     return "\n".join(lines)
+
+
+def stage_figures(old: dict, path: str) -> dict:
+    """The 100 Gb/s figures of a stage-design result, for comparison: ``{workload:
+    {mode: [{n, batch, step_s, efficiency}]}}`` and where they come from.
+
+    Example:
+        >>> stage_figures({"scaling": {}}, "x.json")
+        {'from': 'x.json'}
+    """
+    out: dict = {"from": path}
+    for name, modes in old.get("scaling", {}).items():
+        out[name] = {
+            mode: [
+                {
+                    "n": r["n"],
+                    "batch": r["batch"],
+                    "step_s": r["ib100"]["step_s"],
+                    "efficiency": r["ib100"].get("efficiency"),
+                }
+                for r in rows
+            ]
+            for mode, rows in modes.items()
+        }
+    return out
 
 
 def plot(out: dict, path: str) -> None:
@@ -1480,9 +1516,17 @@ def plot(out: dict, path: str) -> None:
         for name, modes in out["scaling"].items():
             rows = modes[mode]
             series[name] = [(r["n"], r["ib100"]["efficiency"]) for r in rows]
-            if name == "resnet50":
+            if name == "resnet50" and "what_if" in rows[0]:
                 series["resnet50 (what-if)"] = [(r["n"], r["what_if"]["efficiency"]) for r in rows]
-        panels.append((f"{mode} scaling, 100 Gb/s InfiniBand (simulated)", series))
+            if name == "resnet50" and "no_send_software" in rows[0]:
+                series["resnet50 (no message software)"] = [
+                    (r["n"], r["no_send_software"]["efficiency"]) for r in rows
+                ]
+        old = out.get("stage_design", {}).get("resnet50", {}).get(mode)
+        if old:
+            series["resnet50 (stage design)"] = [(r["n"], r["efficiency"]) for r in old]
+        design = "direct exchange" if out.get("design") == "direct" else "stage design"
+        panels.append((f"{mode}, 100 Gb/s InfiniBand, {design} (simulated)", series))
     svg_plot(panels, path)
 
 
@@ -1539,6 +1583,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a direct message's software on the sender's event loop (seconds; if not in"
         " the --from file: --measure ... --parts send measures it)",
+    )
+    ap.add_argument(
+        "--compare-with",
+        default=None,
+        help="a --design stages result whose 100 Gb/s figures to keep beside these",
     )
     ap.add_argument(
         "--message-s",
@@ -1600,6 +1649,9 @@ def main(argv: list[str] | None = None) -> int:
         k: v["step_s"] for k, v in measured.get("real_step_s", {}).items()
     }
     out["machine"] = {"loadavg_simulation": [load0, os.getloadavg()], "cpus": os.cpu_count()}
+    if args.compare_with:
+        with open(args.compare_with) as f:
+            out["stage_design"] = stage_figures(json.load(f), args.compare_with)
     print(_table(out))
     if args.json:
         with open(args.json, "w") as f:
