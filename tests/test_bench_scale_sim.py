@@ -265,3 +265,44 @@ def test_the_engine_s_direct_graph_is_one_share_per_worker_that_sends_what_other
     # sending only the parts a reader takes never sends more
     parted = sim.sim_tasks(sp, dsk, carried, model, parts_only=True)
     assert sim.simulate(parted, FREE, NO_WIRE).message_bytes <= res.message_bytes
+
+
+def test_the_simulated_messages_are_those_the_engine_s_shares_really_send(monkeypatch):
+    """Both shares of the tiny ResNet's step run for real (``run_exchange`` on two
+    threads of this process, whose mailbox then serves both): every value one sends
+    the other is recorded with its size, and the simulation's messages must be the
+    same values with the same bytes (a fused task's packed outputs, whole)."""
+    import threading
+
+    from dask.sizeof import sizeof
+    from dask.task_spec import DataNode
+
+    from dfdl.taskgraph import exchange
+
+    sp = sim.step_plan("resnet", sim.RESNET_TINY, batch=8, n=2, tiles=sim.TWO_TILES)
+    dsk, carried = sim.step_graph(sp, 2, direct=True, arrays=True)
+    data = {k: v.value for k, v in dsk.items() if isinstance(v, DataNode)}
+    sent: dict = {}
+    deliver = exchange.deliver
+
+    def record(key, value):
+        sent[exchange.name(key)] = sent.get(exchange.name(key), 0) + sizeof(value)
+        deliver(key, value)
+
+    monkeypatch.setattr(exchange, "deliver", record)
+    shares = [k for k, v in dsk.items() if getattr(v, "func", None) is sim.run_exchange]
+    done: dict = {}
+    threads = [threading.Thread(target=lambda k=k: done.update({k: dsk[k](data)})) for k in shares]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(done) == 2
+    simulated: dict = {}
+    for t in sim.sim_tasks(sp, dsk, carried, sim.DurationModel({"*": (0.0, 0.0, 0.0)})):
+        for m in t.program or ():
+            for _, nbytes in m.sends:
+                simulated[exchange.name(m.key)] = simulated.get(exchange.name(m.key), 0) + nbytes
+    assert set(simulated) == set(sent)
+    for k, nbytes in sent.items():  # sizeof adds a few hundred bytes of Python objects
+        assert simulated[k] == pytest.approx(nbytes, rel=0.1, abs=300), k
