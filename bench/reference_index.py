@@ -183,9 +183,12 @@ def _tune_digits(name: str, data: dict) -> list[str]:
 
 def _scale_sim(name: str, data: dict) -> list[str]:
     calib = get(data, "calibration", default=[]) or []
+    direct = get(data, "design") == "direct"
+    # the stage design: the error with the runs' own task times; the direct design
+    # (no member times recorded in its runs): with the fitted durations
     errors = ", ".join(
         f"{get(r, 'workload')}/{get(r, 'workers')}"
-        f" {num(100 * (get(r, 'error_real_durations') or 0), '{:+.0f}%')}"
+        f" {num(100 * (get(r, 'error' if direct else 'error_real_durations') or 0), '{:+.0f}%')}"
         for r in calib
     )
 
@@ -194,7 +197,14 @@ def _scale_sim(name: str, data: dict) -> list[str]:
         hit = [r for r in rows if get(r, "n") == 64]
         return num(100 * get(hit, 0, label, "efficiency", default=math.nan), "{:.0f}%")
 
-    return [errors or "-", eff("ib100"), eff("eth25"), eff("what_if")]
+    what_if = eff("no_send_software") if direct else eff("what_if")
+    return [
+        get(data, "design", default="stages"),
+        errors or "-",
+        eff("ib100"),
+        eff("eth25"),
+        what_if,
+    ]
 
 
 def _scale_sim_measured(name: str, data: dict) -> list[str]:
@@ -272,10 +282,12 @@ KINDS: dict[str, tuple[str, str, list[str], Callable[[str, Any], list[str]]]] = 
         "Scaling past this machine, simulated",
         "python bench/scale_sim.py --from measured.json --json out.json",
         [
-            "calibration error (the runs' own task times), workload/processes",
+            "design",
+            "calibration error (stages: the runs' own task times; direct: fitted durations),"
+            " workload/processes",
             "ResNet-50 strong efficiency at 64, 100 Gb/s",
             "25 Gb/s",
-            "what-if (no scheduler in a step)",
+            "what-if (stages: no scheduler in a step; direct: no message software)",
         ],
         _scale_sim,
     ),

@@ -39,7 +39,7 @@ from dfdl.plan.tiling import REDUCE_FAN_IN
 from dfdl.taskgraph.fuse import run_fused
 from dfdl.taskgraph.lower import lower, task_name
 from dfdl.taskgraph.optimize import GraphOptions, optimize
-from dfdl.taskgraph.step_tasks import run_local, run_serial
+from dfdl.taskgraph.step_tasks import run_exchange, run_local, run_serial
 
 #: the run token of every simulated graph's keys
 TOKEN = "sim0"
@@ -185,11 +185,32 @@ def _indices(chunks: tuple) -> Iterator[tuple[int, ...]]:
     return itertools.product(*(range(len(c)) for c in chunks))
 
 
-def step_graph(sp: StepPlan, n: int, token: str = TOKEN, arrays: bool = False) -> tuple[dict, dict]:
-    """The optimized graph of one step (step 0) for ``n`` worker processes of one thread,
-    as :func:`dfdl.runtime.trainer.run_steps` builds it, with the task bodies unpacked
-    and the step's inputs left as keys of their own (``GraphOptions(pack=False,
+def addresses(n: int) -> list[str]:
+    """Made-up addresses of ``n`` workers (the optimizer needs them only as names).
+
+    Example:
+        >>> addresses(2)
+        ['tcp://w0:1', 'tcp://w1:1']
+    """
+    return [f"tcp://w{i}:1" for i in range(n)]
+
+
+def step_graph(
+    sp: StepPlan,
+    n: int,
+    token: str = TOKEN,
+    arrays: bool = False,
+    direct: bool = False,
+    threads: int = 1,
+) -> tuple[dict, dict]:
+    """The optimized graph of one step (step 0) for ``n`` worker processes of ``threads``
+    threads, as :func:`dfdl.runtime.trainer.run_steps` builds it, with the task bodies
+    unpacked and the step's inputs left as keys of their own (``GraphOptions(pack=False,
     inline_data=False)``: the trainer inlines them, which moves no byte differently).
+    ``direct``: the workers' addresses are known (:func:`addresses`), so on several
+    workers each worker's share of the step is one task that exchanges values with the
+    others directly (``run_exchange``, the engine's default on a cluster); else one task
+    per worker and stage (the first design, ``GraphOptions(exchange=False)``).
 
     Returns:
         ``(dsk, carried)``: the graph, and for each carried input tile's key (a weight,
@@ -211,7 +232,12 @@ def step_graph(sp: StepPlan, n: int, token: str = TOKEN, arrays: bool = False) -
             carried[(task_name(f"{name}-src", token), 0, *idx)] = key
     keep = sorted(set(carried.values()) | {key for key, _ in outs[sp.tg.loss].values()}, key=str)
     options = GraphOptions(pack=False, inline_data=False)
-    dsk = optimize(dsk, keep, [sp], token=token, nthreads=lambda: [1] * n, options=options)
+    if direct:
+        roster = dict.fromkeys(addresses(n), threads)
+        nthreads = lambda: roster  # noqa: E731
+    else:
+        nthreads = lambda: [threads] * n  # noqa: E731
+    dsk = optimize(dsk, keep, [sp], token=token, nthreads=nthreads, options=options)
     return dsk, carried
 
 
@@ -225,7 +251,7 @@ def members(node: object) -> Iterator[Task]:
     """
     if not isinstance(node, Task):
         return
-    if node.func in (run_local, run_serial):
+    if node.func in (run_local, run_serial, run_exchange):
         for t in node.args[0]:
             yield from members(t)
     elif node.func is run_fused:

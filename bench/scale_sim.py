@@ -47,17 +47,19 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
-from dask.task_spec import DataNode, Task
+from dask.task_spec import DataNode, Task, TaskRef
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scale_graph  # noqa: E402  (bench/ is not a package)
 from scale_graph import TOKEN, Cost, TaskCosts, members, step_graph, step_plan  # noqa: E402
 
+from dfdl.taskgraph import exchange  # noqa: E402
+from dfdl.taskgraph.fuse import run_fused  # noqa: E402
 from dfdl.taskgraph.lower import task_name  # noqa: E402
-from dfdl.taskgraph.step_tasks import STEP_NAME  # noqa: E402
+from dfdl.taskgraph.step_tasks import STEP_NAME, _item_after, run_exchange  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,11 @@ TWO_TILES = {"batch": 2, "model": 1, "split_norms": 1}
 @dataclass(frozen=True)
 class Overheads:
     """Dask's costs (seconds): the scheduler's CPU per task, the software part of a
-    dependency's round trip (finished -> scheduler -> compute), one fetch's software.
+    dependency's round trip (finished -> scheduler -> compute), one fetch's software;
+    ``send_s``: one direct message's software on the sender's event loop
+    (``exchange.Outbox.send``, one message at a time); ``message_s``: the rest of a
+    direct message's software on its way (the receiver's loop, the waiting thread's
+    wake-up), a delay.
 
     Example:
         >>> Overheads(task_s=1e-3, rtt_s=1e-3, fetch_s=5e-3).task_s
@@ -106,6 +112,32 @@ class Overheads:
     task_s: float
     rtt_s: float
     fetch_s: float
+    send_s: float = 0.0
+    message_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a worker's share of a step in the direct-exchange design (a
+    ``run_exchange`` task's tile task, in the task's priority order).
+
+    Attributes:
+        key: its key (a remote member: the key of the member that sends it).
+        duration: seconds it runs.
+        deps: the indices of the share's members it reads.
+        sends: ``(worker, bytes)`` of each message it sends once computed.
+        remote: a value another worker sends (it runs nothing: it arrives).
+
+    Example:
+        >>> Member("a", 1.0, (), ((1, 8e6),)).sends
+        ((1, 8000000.0),)
+    """
+
+    key: Hashable
+    duration: float
+    deps: tuple = ()
+    sends: tuple = ()
+    remote: bool = False
 
 
 @dataclass
@@ -120,6 +152,9 @@ class SimTask:
         out_bytes: bytes of its value.
         source: a value in memory when the step starts (no run, no scheduler).
         home: for a source, the worker that holds it (None: every worker, the batch).
+        program: a share of the direct-exchange design: its members, run on the
+            worker's thread in this order's priority, each as soon as what it reads is
+            there (:func:`simulate`); ``duration`` is then their sum, for the record.
 
     Example:
         >>> SimTask("a", worker=0, duration=1.0, deps=()).source
@@ -133,6 +168,7 @@ class SimTask:
     out_bytes: float = 0.0
     source: bool = False
     home: int | None = None
+    program: tuple[Member, ...] | None = None
 
 
 @dataclass
@@ -150,10 +186,21 @@ class Result:
     fetched_bytes: float
     scheduler_busy_s: float
     compute_s: list[float] = field(default_factory=list)
+    messages: int = 0
+    message_bytes: float = 0.0
 
 
 def simulate(tasks: Sequence[SimTask], over: Overheads, net: Network) -> Result:
     """Runs the graph ``tasks`` to its end; returns when it ended (the step's time).
+
+    A task with a ``program`` (a share of the direct-exchange design) runs as
+    ``run_exchange`` does: its members one at a time on the worker's thread, always
+    the first (in the program's order) whose inputs are all there, waiting only when
+    none can run; a member's value goes to each worker in its ``sends`` as a message
+    that leaves the sender's event loop after ``send_s`` (one message at a time) and
+    arrives ``bytes / bandwidth + latency`` later, each link carrying one transfer in
+    and one out at a time. A message for a share that has not started yet waits in
+    that worker's mailbox.
 
     Example:
         >>> t = [SimTask("x", 0, 0.0, (), 8e6, source=True, home=0),
@@ -175,6 +222,9 @@ def simulate(tasks: Sequence[SimTask], over: Overheads, net: Network) -> Result:
         for d in live:
             readers.setdefault(d, []).append(t.key)
     workers = 1 + max((t.worker for t in tasks), default=0)
+    for t in tasks:
+        for m in t.program or ():
+            workers = max(workers, 1 + max((p for p, _ in m.sends), default=0))
     events: list = []
     seq = [0]
 
@@ -196,20 +246,80 @@ def simulate(tasks: Sequence[SimTask], over: Overheads, net: Network) -> Result:
     queue: list[list] = [[] for _ in range(workers)]
     compute = [0.0] * workers
     fetches, fetched, end = 0, 0.0, 0.0
+    sent = [0, 0.0]
+    shares: dict[int, _Share] = {}  # worker -> the share running there
+    mailbox: list[dict] = [{} for _ in range(workers)]  # values for shares not started
 
     debt = [0.0] * workers  # copying a worker's core did (copies_on_cores)
+
+    def transfer(src: int, dst: int, at: float, size: float) -> float:
+        """Reserves the links for a transfer ready to go at ``at``; returns its end."""
+        x0 = max(at, link_out[src], link_in[dst])
+        x1 = x0 + size / net.bandwidth_bytes_s
+        link_out[src] = link_in[dst] = x1
+        if net.copies_on_cores:
+            debt[src] += x1 - x0
+            debt[dst] += x1 - x0
+        return x1
 
     def start(w: int, now: float) -> None:
         if running[w] or not queue[w]:
             return
         _, key = heapq.heappop(queue[w])
         running[w] = True
-        compute[w] += by_key[key].duration
-        push(now + debt[w] + by_key[key].duration, "done", key)
+        task = by_key[key]
+        if task.program is not None:
+            share = shares[w] = _Share(task)
+            for k in [k for k in mailbox[w] if k in share.remote]:
+                del mailbox[w][k]
+                share.done(share.remote[k])
+            advance(w, now)
+            return
+        compute[w] += task.duration
+        push(now + debt[w] + task.duration, "done", key)
         debt[w] = 0.0
+
+    def advance(w: int, now: float) -> None:
+        """The share on ``w`` runs its next member, or ends, or waits."""
+        share = shares[w]
+        if share.busy:
+            return
+        if share.ready:
+            i = heapq.heappop(share.ready)
+            share.busy = True
+            d = share.members[i].duration
+            compute[w] += d
+            push(now + debt[w] + d, "member", (w, i))
+            debt[w] = 0.0
+        elif share.left == 0:
+            del shares[w]
+            push(now, "done", share.task.key)
 
     while events:
         now, _, kind, key = heapq.heappop(events)
+        if kind == "member":
+            w, i = key
+            share = shares[w]
+            share.busy = False
+            share.done(i)
+            for p, size in share.members[i].sends:
+                t0 = max(now, loop_free[w]) + over.send_s
+                loop_free[w] = t0
+                x1 = transfer(w, p, t0, size)
+                push(x1 + net.latency_s + over.message_s, "arrive", (p, share.members[i].key))
+                sent[0] += 1
+                sent[1] += size
+            advance(w, now)
+            continue
+        if kind == "arrive":
+            p, k = key
+            share = shares.get(p)
+            if share is not None and share.task.worker == p and k in share.remote:
+                share.done(share.remote[k])
+                advance(p, now)
+            else:
+                mailbox[p][k] = now
+            continue
         task = by_key[key]
         if kind == "dispatch":
             w = task.worker
@@ -224,12 +334,7 @@ def simulate(tasks: Sequence[SimTask], over: Overheads, net: Network) -> Result:
                 size = sum(by_key[d].out_bytes for d in ds)
                 t0 = max(now, loop_free[w])
                 loop_free[w] = t0 + over.fetch_s
-                x0 = max(t0 + over.fetch_s + net.latency_s, link_out[src], link_in[w])
-                x1 = x0 + size / net.bandwidth_bytes_s
-                link_out[src] = link_in[w] = x1
-                if net.copies_on_cores:
-                    debt[src] += x1 - x0
-                    debt[w] += x1 - x0
+                x1 = transfer(src, w, t0 + over.fetch_s + net.latency_s, size)
                 ready = max(ready, x1 + net.latency_s)
                 fetches += 1
                 fetched += size
@@ -252,7 +357,38 @@ def simulate(tasks: Sequence[SimTask], over: Overheads, net: Network) -> Result:
                 missing[r] -= 1
                 if not missing[r]:
                     push(sched_free + net.latency_s + over.rtt_s, "dispatch", r)
-    return Result(end, sum(not t.source for t in tasks), fetches, fetched, busy, compute)
+    if shares:
+        raise RuntimeError(f"shares never ended (a member waits for ever): {sorted(shares)}")
+    n_run = sum(not t.source for t in tasks)
+    return Result(end, n_run, fetches, fetched, busy, compute, sent[0], sent[1])
+
+
+class _Share:
+    """The bookkeeping of one running share (``run_exchange``'s ``_Schedule``): members
+    whose inputs are all there, by index; the remote members by key."""
+
+    __slots__ = ("busy", "left", "members", "readers", "ready", "remote", "task", "waiting")
+
+    def __init__(self, task: SimTask):
+        self.task = task
+        self.members = task.program
+        self.waiting = [len(m.deps) for m in self.members]
+        self.readers: list = [[] for _ in self.members]
+        for i, m in enumerate(self.members):
+            for d in m.deps:
+                self.readers[d].append(i)
+        self.remote = {m.key: i for i, m in enumerate(self.members) if m.remote}
+        self.ready = [i for i, m in enumerate(self.members) if not m.remote and not m.deps]
+        heapq.heapify(self.ready)
+        self.left = len(self.members)
+        self.busy = False
+
+    def done(self, i: int) -> None:
+        self.left -= 1
+        for r in self.readers[i]:
+            self.waiting[r] -= 1
+            if not self.waiting[r]:
+                heapq.heappush(self.ready, r)
 
 
 # -- durations --------------------------------------------------------------------------
@@ -365,11 +501,15 @@ def sim_tasks(
     model: DurationModel,
     threads: int = 1,
     measured: dict[str, float] | None = None,
+    parts_only: bool = False,
 ) -> list[SimTask]:
     """The simulated tasks of an optimized step graph (:func:`scale_graph.step_graph`):
     each task on its worker, lasting its members' modelled times (run one after another,
-    or list-scheduled on ``threads`` threads), each value its bytes. ``measured``: a
-    member's seconds by :func:`member_id` (a real run's), used where it has the member.
+    or list-scheduled on ``threads`` threads), each value its bytes; a share of the
+    direct-exchange design (``run_exchange``) as a program of members
+    (:func:`_program`). ``measured``: a member's seconds by :func:`member_id` (a real
+    run's), used where it has the member. ``parts_only``: a what-if, each direct message
+    carrying only the parts of the value its reader takes (the engine sends the whole).
 
     Example:
         >>> sp = step_plan("resnet", RESNET_TINY, batch=8, n=2, tiles=TWO_TILES)
@@ -410,6 +550,7 @@ def sim_tasks(
         return worker[k]
 
     new_home = {src: worker_of(new) for src, new in carried.items() if new in dsk}
+    parts = _parts_taken(dsk, costs) if parts_only else None
     out = []
     for k, node in dsk.items():
         if isinstance(node, DataNode):
@@ -418,15 +559,104 @@ def sim_tasks(
             out.append(SimTask(k, 0, 0.0, (), size, source=True, home=home))
             continue
         deps = tuple(node.dependencies)
-        if _is_step(k):
+        if _is_step(k) and node.func is run_exchange:
+            program = _program(node, seconds, costs, parts)
+            dur = sum(m.duration for m in program)
+            out.append(SimTask(k, worker_of(k), dur, deps, 0.0, program=program))
+        elif _is_step(k):
             dur = _step_duration(node, seconds, threads)
             out.append(SimTask(k, worker_of(k), dur, deps, 0.0))
-        elif node.func is operator.getitem:
+        elif node.func in (operator.getitem, _item_after):
             out.append(SimTask(k, worker_of(k), 0.0, deps, costs(k).out_bytes))
         else:
             dur = seconds(node)
             out.append(SimTask(k, worker_of(k), dur, deps, costs(k).out_bytes))
     return out
+
+
+def _program(
+    node: Task, seconds, costs: TaskCosts, parts: dict | None = None
+) -> tuple[Member, ...]:
+    """A ``run_exchange`` task's members as :class:`Member`\\ s, in its order: each one's
+    modelled seconds, the indices of the members it reads, and the messages it sends
+    (to each worker in its ``owed`` entry, the whole value: a fused task's packed
+    outputs, :func:`_value_bytes`). ``parts``: ``{(key, worker): bytes}`` to send
+    instead (:func:`_parts_taken`)."""
+    tasks, deps, _exports, owed, _peers, _me = node.args[:6]
+    owed = dict(owed)
+    out = []
+    for i, t in enumerate(tasks):
+        if t.func is exchange.receive:
+            out.append(Member(t.key, 0.0, (), (), remote=True))
+            continue
+        whole = float(sum(_value_bytes(t, costs))) if i in owed else 0.0
+        sends = tuple(
+            (p, whole if parts is None else parts.get((t.key, p), whole)) for p in owed.get(i, ())
+        )
+        out.append(Member(t.key, seconds(t), tuple(deps[i]), sends))
+    return tuple(out)
+
+
+def _value_bytes(task: Task, costs: TaskCosts) -> list[float]:
+    """Bytes of each part of a member's value: one part, or a fused task's packed
+    outputs (its value and the values it carries, ``fuse._pack``)."""
+    if task.func is run_fused:
+        program, last = task.args[0], task.args[1]
+        for m, _ in program:
+            if m.key == last and getattr(m.func, "__name__", "") == "_pack":
+                return [costs(a.key).out_bytes for a in m.args if isinstance(a, TaskRef)]
+    return [costs(task.key).out_bytes]
+
+
+def _parts_taken(dsk: dict, costs: TaskCosts) -> dict:
+    """``{(key, worker): bytes}``: for each value a share receives, the bytes of the
+    parts its members take (``getitem(value, i)``; all of it where one reads it whole)."""
+    senders: dict = {}
+    shares = [(k, v) for k, v in dsk.items() if _is_step(k) and v.func is run_exchange]
+    for _, node in shares:
+        for t in node.args[0]:
+            if t.func is not exchange.receive:
+                senders[t.key] = t
+    out = {}
+    for g, node in shares:
+        remote = {t.key for t in node.args[0] if t.func is exchange.receive}
+        taken: dict = {}
+        for t in node.args[0]:
+            if t.key not in remote:
+                _refs(t, remote, taken)
+        for k in remote:
+            sizes = _value_bytes(senders[k], costs)
+            got = taken.get(k)
+            out[(k, g[2])] = float(
+                sum(sizes) if got is None else sum(sizes[i] for i in got if i < len(sizes))
+            )
+    return out
+
+
+def _refs(node: object, keys: set, taken: dict) -> None:
+    """Into ``taken``: for each of ``keys`` that ``node`` reads, the parts it takes
+    (``getitem(key, i)``), or None where it reads the value whole."""
+    if isinstance(node, TaskRef):
+        if node.key in keys:
+            taken[node.key] = None
+        return
+    if isinstance(node, Task):
+        if node.func is operator.getitem and isinstance(node.args[0], TaskRef):
+            k = node.args[0].key
+            if k in keys:
+                if k not in taken:
+                    taken[k] = set()
+                if taken[k] is not None:
+                    taken[k].add(node.args[1])
+                return
+        for a in (*node.args, *node.kwargs.values()):
+            _refs(a, keys, taken)
+    elif isinstance(node, (tuple, list)):
+        for a in node:
+            _refs(a, keys, taken)
+    elif isinstance(node, dict):
+        for a in node.values():
+            _refs(a, keys, taken)
 
 
 def _is_step(key) -> bool:
@@ -486,6 +716,70 @@ def measure_overheads(levels: int = 100) -> dict:
     rtt = max(0.0, got["1x1"] - task)
     fetch = max(0.0, got["2x2"] - rtt - 2 * task)
     return {"levels_s": got, "overheads": asdict(Overheads(task, rtt, fetch))}
+
+
+def measure_send(rounds: int = 200, nbytes: int = 64) -> dict[str, float]:
+    """A direct message between two worker processes here (the engine's
+    ``exchange.Outbox.send`` of a ``nbytes`` array to the other worker's mailbox, taken
+    there with ``exchange.receive``), two ways, each the best of three after a warm-up:
+    ``one_way_s``, half a round trip of a ping-pong of ``rounds`` round trips between a
+    task on each worker (one message in flight); ``burst_s``, per message of ``rounds``
+    messages sent back to back by one task and taken by the other (what the sender's
+    event loop spends per message when it sends many). Returns both and the overheads
+    the simulation takes: ``send_s`` = ``burst_s`` (the sender's event loop, one message
+    at a time) and ``message_s`` = ``one_way_s - burst_s`` (the rest of a message's way:
+    the receiver's loop and the waiting thread's wake-up, a delay).
+
+    Example:
+        >>> measure_send()  # doctest: +SKIP
+        {'one_way_s': 0.00077, 'burst_s': 0.0002, 'send_s': 0.0002, 'message_s': 0.00057}
+    """
+    from distributed import Client
+
+    from dfdl.runtime.cluster import local_cluster
+
+    def play(peer: str, role: str, rounds: int, nbytes: int, tag: str) -> float:
+        from dfdl.taskgraph import exchange as ex
+
+        ex.begin()
+        box = ex.Outbox()
+        value = np.ones(nbytes // 8)
+        t0 = time.perf_counter()
+        for i in range(rounds):
+            if role == "ping":
+                box.send(peer, (f"ping-{tag}", i), value)
+                ex.receive((f"pong-{tag}", i))
+            elif role == "pong":
+                ex.receive((f"ping-{tag}", i))
+                box.send(peer, (f"pong-{tag}", i), value)
+            elif role == "burst":
+                box.send(peer, (f"burst-{tag}", i), value)
+            else:
+                ex.receive((f"burst-{tag}", i))
+        box.close()
+        return time.perf_counter() - t0
+
+    got = {"one_way_s": math.inf, "burst_s": math.inf}
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        a, b = sorted(client.scheduler_info()["workers"])
+        for j in range(4):
+            n = 20 if j == 0 else rounds  # the first: a warm-up
+            for what, roles, per in (
+                ("one_way_s", ("ping", "pong"), 2),
+                ("burst_s", ("burst", "take"), 1),
+            ):
+                fb = client.submit(
+                    play, a, roles[1], n, nbytes, f"{what}{j}", workers=[b], pure=False
+                )
+                fa = client.submit(
+                    play, b, roles[0], n, nbytes, f"{what}{j}", workers=[a], pure=False
+                )
+                took = max(fa.result(), fb.result())
+                if j:
+                    got[what] = min(got[what], took / (per * n))
+    got["send_s"] = got["burst_s"]
+    got["message_s"] = max(0.0, got["one_way_s"] - got["burst_s"])
+    return got
 
 
 def measure_bandwidth(nbytes: int = 64 * 2**20) -> float:
@@ -643,34 +937,55 @@ def workloads() -> dict[str, tuple]:
 
 #: one component of the cost at a time taken away, on the first network (where the
 #: curve bends and why): the scheduler's CPU per task, a fetch's software, the wire
-def _ablations(over: Overheads, net: Network) -> dict[str, tuple[Overheads, Network]]:
-    return {
-        "no_scheduler_cpu": (Overheads(0.0, over.rtt_s, over.fetch_s), net),
-        "no_fetch_software": (Overheads(over.task_s, over.rtt_s, 0.0), net),
+def _ablations(
+    over: Overheads, net: Network, design: str = "stages"
+) -> dict[str, tuple[Overheads, Network]]:
+    out = {
+        "no_scheduler_cpu": (replace(over, task_s=0.0), net),
+        "no_fetch_software": (replace(over, fetch_s=0.0), net),
         "no_wire": (over, Network("instant", 0.0, math.inf)),
     }
+    if design == "direct":
+        out["no_send_software"] = (replace(over, send_s=0.0, message_s=0.0), net)
+        # a message's software a tenth of this loaded 2-core VM's (a node's idle core)
+        tenth = replace(over, send_s=over.send_s / 10, message_s=over.message_s / 10)
+        out["tenth_send_software"] = (tenth, net)
+    return out
 
 
 _GRAPHS: dict = {}
 
 
-def graph_tasks(name: str, cfg: tuple, batch: int, n: int, model: DurationModel) -> tuple:
+def graph_tasks(
+    name: str,
+    cfg: tuple,
+    batch: int,
+    n: int,
+    model: DurationModel,
+    design: str = "stages",
+    parts_only: bool = False,
+) -> tuple:
     """``(tasks, stages)`` of the simulated step of ``batch`` samples on ``n`` workers
-    (built once per ``(name, batch, n)``).
+    (built once per ``(name, batch, n, design)``); ``design`` "direct": each worker's
+    share one task exchanging values directly (``stages`` is then 1), "stages": a task
+    per worker and stage. ``parts_only``: see :func:`sim_tasks`.
 
     Example:
         >>> tasks, stages = graph_tasks("resnet50", RESNET50, 64, 2, model)  # doctest: +SKIP
     """
-    key = (name, batch, n)
+    key = (name, batch, n, design)
     if key not in _GRAPHS:
         kw, _, kind, okw, dims = cfg
         sp = step_plan(name, kw, batch, n, (kind, okw), dims)
-        dsk, carried = step_graph(sp, n)
+        dsk, carried = step_graph(sp, n, direct=design == "direct")
         steps = [k for k in dsk if _is_step(k)]
         stages = 1 + max((k[3] for k in steps if len(k) == 4), default=0)
         _GRAPHS.clear()  # one at a time: the largest hold hundreds of MB
-        _GRAPHS[key] = (sim_tasks(sp, dsk, carried, model), stages)
-    return _GRAPHS[key]
+        _GRAPHS[key] = (sp, dsk, carried, stages, {})
+    sp, dsk, carried, stages, made = _GRAPHS[key]
+    if parts_only not in made:
+        made[parts_only] = sim_tasks(sp, dsk, carried, model, parts_only=parts_only)
+    return made[parts_only], stages
 
 
 def scaling(
@@ -682,12 +997,15 @@ def scaling(
     over: Overheads,
     nets: dict[str, Network],
     what_if: Overheads | None = None,
+    design: str = "stages",
 ) -> list[dict]:
     """Simulated steps of one workload for each N: ``mode`` "strong" keeps the global
     batch (the config's; ResNet-50's is 32 x 64), "weak" the batch per worker (the
     config's); where the plan has fewer tiles than workers, the others idle. One row
-    per N with each network's step, ``what_if`` (other overheads) on the first
-    network, and the ablations of :func:`_ablations` there.
+    per N with each network's step, the ablations of :func:`_ablations` on the first
+    network, and a what-if there: for the stage design ``what_if`` (other overheads),
+    for the direct design (``design`` "direct") each message carrying only the parts
+    of the value its reader takes (``parts_only``).
 
     Example:
         >>> rows = scaling("resnet50", RESNET50, "weak", (1, 64), model, over,  # doctest: +SKIP
@@ -697,30 +1015,38 @@ def scaling(
     global_batch = batch * (64 if name == "resnet50" else 1)
     first = next(iter(nets.values()))
     rows = []
+    labels: list[str] = []
     for n in ns:
         b = global_batch if mode == "strong" else batch * n
         t0 = time.perf_counter()
-        tasks, stages = graph_tasks(name, cfg, b, n, model)
-        row: dict = {"n": n, "batch": b, "stages": stages}
+        tasks, stages = graph_tasks(name, cfg, b, n, model, design)
+        row: dict = {"n": n, "batch": b, "stages": stages, "design": design}
         row["graph_tasks"] = sum(not t.source for t in tasks)
-        runs = {label: (over, net) for label, net in nets.items()}
-        if what_if is not None:
-            runs["what_if"] = (what_if, first)
-        runs.update(_ablations(over, first))
-        for label, (o, net) in runs.items():
-            res = simulate(tasks, o, net)
+        row["members"] = sum(len(t.program or ()) for t in tasks)
+        runs = {label: (tasks, over, net) for label, net in nets.items()}
+        if design == "direct":
+            parted, _ = graph_tasks(name, cfg, b, n, model, design, parts_only=True)
+            runs["parts_only"] = (parted, over, first)
+        elif what_if is not None:
+            runs["what_if"] = (tasks, what_if, first)
+        runs.update((k, (tasks, *v)) for k, v in _ablations(over, first, design).items())
+        for label, (ts, o, net) in runs.items():
+            res = simulate(ts, o, net)
             row[label] = {
                 "step_s": res.makespan,
                 "compute_per_worker_s": max(res.compute_s, default=0.0),
                 "scheduler_busy_s": res.scheduler_busy_s,
                 "fetches": res.fetches,
                 "fetched_bytes": res.fetched_bytes,
+                "messages": res.messages,
+                "message_bytes": res.message_bytes,
             }
         row["build_and_simulate_s"] = time.perf_counter() - t0
         rows.append(row)
+        labels = list(runs)
         shown = ", ".join(f"{k} {row[k]['step_s']:.3f} s" for k in runs)
-        print(f"  {name} {mode} N={n}: {shown}", file=sys.stderr, flush=True)
-    _efficiencies(rows, mode, [*nets, "what_if", *_ablations(over, first)])
+        print(f"  {name} {mode} {design} N={n}: {shown}", file=sys.stderr, flush=True)
+    _efficiencies(rows, mode, labels)
     return rows
 
 
@@ -746,7 +1072,8 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
 def svg_plot(panels: list[tuple[str, dict[str, list[tuple[int, float]]]]], path: str) -> None:
     """Writes an SVG of efficiency (0..1.1) against N (log 2 axis), one panel per
-    ``(title, {label: [(N, efficiency)]})``; a label ending in "(what-if)" is dashed.
+    ``(title, {label: [(N, efficiency)]})``; a label ending in ")" (a what-if, a
+    comparison) is dashed.
 
     Example:
         >>> svg_plot([("strong", {"a": [(1, 1.0), (2, 0.9)]})], "/tmp/x.svg")
@@ -792,7 +1119,7 @@ def svg_plot(panels: list[tuple[str, dict[str, list[tuple[int, float]]]]], path:
             "worker processes N</text>"
         )
         for lab, pts in series.items():
-            dash = ' stroke-dasharray="5,3"' if lab.endswith("(what-if)") else ""
+            dash = ' stroke-dasharray="5,3"' if lab.endswith(")") else ""
             coords = " ".join(f"{x(n):.1f},{y(e):.1f}" for n, e in pts)
             parts.append(
                 f'<polyline points="{coords}" fill="none" stroke="{color[lab]}"'
@@ -800,7 +1127,7 @@ def svg_plot(panels: list[tuple[str, dict[str, list[tuple[int, float]]]]], path:
             )
     for i, lab in enumerate(labels):
         lx, ly = 12 + (i % 3) * 260, h + 24 + (i // 3) * 16
-        dash = ' stroke-dasharray="5,3"' if lab.endswith("(what-if)") else ""
+        dash = ' stroke-dasharray="5,3"' if lab.endswith(")") else ""
         parts.append(
             f'<line x1="{lx}" x2="{lx + 24}" y1="{ly - 4}" y2="{ly - 4}" stroke="{color[lab]}"'
             f' stroke-width="1.8"{dash}/>'
@@ -829,10 +1156,11 @@ def _timed_runs() -> list[tuple]:
     return out
 
 
-def measure(path: str, parts: Sequence[str] = ("overheads", "real", "tasks")) -> dict:
+def measure(path: str, parts: Sequence[str] = ("overheads", "send", "real", "tasks")) -> dict:
     """Measures here what the simulation takes from this machine and adds it to the
     JSON at ``path`` (made if missing): ``overheads`` (Dask's, and the loopback
-    bandwidth), ``real`` (the real 1- and 2-process step times of bench/run.py's small
+    bandwidth), ``send`` (a direct message's software, :func:`measure_send`), ``real``
+    (the real 1- and 2-process step times of bench/run.py's small
     workloads), ``tasks`` (the timed tile tasks); with the 1-minute load averages.
 
     Example:
@@ -850,6 +1178,10 @@ def measure(path: str, parts: Sequence[str] = ("overheads", "real", "tasks")) ->
         if part == "overheads":
             out.update(measure_overheads())
             out["bandwidth_bytes_s"] = measure_bandwidth()
+        elif part == "send":
+            got = measure_send()
+            out["send"] = got
+            out.setdefault("overheads", {}).update(send_s=got["send_s"], message_s=got["message_s"])
         elif part == "real":
             # tile tasks at the priority the timed tile tasks had (dfdl's workers run
             # them at nice 10, which on a machine other jobs load stretches them)
@@ -923,6 +1255,58 @@ def calibration(measured: dict, model: DurationModel, over: Overheads) -> list[d
 WHAT_IF = Overheads(task_s=0.0, rtt_s=0.0, fetch_s=1e-6)
 
 
+def calibration_direct(
+    scale_out: dict, measured: dict, model: DurationModel, over: Overheads
+) -> list[dict]:
+    """The direct-exchange design against real runs here: ``bench/scale_out.py``'s
+    arms ``one`` (one worker process of 2 threads: one step task, its members
+    list-scheduled on the 2 threads) and ``shares`` (2 processes of one thread, each
+    worker's share one task exchanging directly) of bench/run.py's full-size workloads,
+    with the plan those runs had (the ``tiling`` recorded), the fitted durations, the
+    measured overheads and the loopback network at the measured bandwidth.
+
+    Example:
+        >>> rows = calibration_direct(json.load(open(so)), measured, model, over)  # doctest: +SKIP
+    """
+    import run
+
+    local = Network("this machine's loopback", 0.0, measured["bandwidth_bytes_s"], True)
+    rows = []
+    for r in scale_out["rows"]:
+        name = r["workload"]
+        kw, batch, kind, okw, dims = run.FULL[name]
+        tiles = r["tiling"]
+        for arm, n, threads in (("one", 1, 2), ("shares", 2, 1)):
+            if arm not in r:
+                continue
+            sp = step_plan(name, kw, batch, n, (kind, okw), dims, tiles=tiles)
+            dsk, carried = step_graph(sp, n, direct=True, threads=threads)
+            tasks = sim_tasks(sp, dsk, carried, model, threads)
+            res = simulate(tasks, over, local)
+            rows.append(
+                {
+                    "workload": name,
+                    "workers": n,
+                    "threads": threads,
+                    "arm": arm,
+                    "real_step_s": r[arm],
+                    "simulated_step_s": res.makespan,
+                    "error": res.makespan / r[arm] - 1,
+                    "compute_per_worker_s": max(res.compute_s),
+                    "messages": res.messages,
+                    "message_bytes": res.message_bytes,
+                }
+            )
+            print(
+                f"  calibration (direct) {name} {arm}: real {r[arm]:.3f} s, simulated"
+                f" {res.makespan:.3f} s ({100 * rows[-1]['error']:+.1f}%; members"
+                f" {max(res.compute_s):.3f} s per worker)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return rows
+
+
 def simulate_all(
     measured: dict,
     ns: Sequence[int],
@@ -930,9 +1314,15 @@ def simulate_all(
     calibrate: bool = True,
     dump: str | None = None,
     command: str = "",
+    design: str = "direct",
+    scale_out: dict | None = None,
 ) -> dict:
     """Calibration (if ``calibrate``) and strong and weak scaling of ``names`` from a
-    :func:`measure` file (written to ``dump`` after each workload, if given).
+    :func:`measure` file (written to ``dump`` after each workload, if given), for the
+    ``design`` "direct" (each worker's share of a step one task, values exchanged
+    directly: the engine's default; calibrated against ``scale_out``, a
+    ``bench/scale_out.py`` result) or "stages" (a task per worker and stage, calibrated
+    against the measure file's real runs).
 
     Example:
         >>> out = simulate_all(measured, [1, 2, 4], ["resnet50"])  # doctest: +SKIP
@@ -941,20 +1331,24 @@ def simulate_all(
     over = Overheads(**measured["overheads"])
     out: dict = {
         "command": command,
+        "design": design,
         "overheads": asdict(over),
-        "what_if_overheads": asdict(WHAT_IF),
         "networks": {k: asdict(v) for k, v in NETWORKS.items()},
         "duration_model": model.coef,
     }
+    if design == "stages":
+        out["what_if_overheads"] = asdict(WHAT_IF)
     out["fit_check"] = _fit_check(measured, model)
-    if calibrate:
+    if calibrate and design == "direct" and scale_out is not None:
+        out["calibration"] = calibration_direct(scale_out, measured, model, over)
+    elif calibrate and design == "stages":
         out["calibration"] = calibration(measured, model, over)
     nets = {k: NETWORKS[k] for k in ("ib100", "eth25")}
     out["scaling"] = {}
     for name in names:
         cfg = workloads()[name]
         out["scaling"][name] = {
-            mode: scaling(name, cfg, mode, ns, model, over, nets, WHAT_IF)
+            mode: scaling(name, cfg, mode, ns, model, over, nets, WHAT_IF, design)
             for mode in ("strong", "weak")
         }
         if dump:
@@ -988,22 +1382,26 @@ def _fit_check(measured: dict, model: DurationModel) -> list[dict]:
 def _table(out: dict) -> str:
     lines = ["calibration (real vs simulated, this machine; with the run's own task times):"]
     for r in out.get("calibration", []):
+        replayed = (
+            f"  ({r['simulated_real_durations_s']:.3f} s {100 * r['error_real_durations']:+.1f}%)"
+            if "simulated_real_durations_s" in r
+            else ""
+        )
         lines.append(
-            f"  {r['workload']:12s} N={r['workers']}  real {r['real_step_s']:.3f} s"
-            f"  simulated {r['simulated_step_s']:.3f} s  {100 * r['error']:+.1f}%"
-            f"  ({r['simulated_real_durations_s']:.3f} s"
-            f" {100 * r['error_real_durations']:+.1f}%)"
+            f"  {r['workload']:12s} N={r['workers']}x{r.get('threads', 1)}"
+            f"  real {r['real_step_s']:.3f} s"
+            f"  simulated {r['simulated_step_s']:.3f} s  {100 * r['error']:+.1f}%" + replayed
         )
     for name, modes in out["scaling"].items():
         for mode, rows in modes.items():
             lines.append(
                 f"{name} {mode} scaling: N, batch, stages, step s and efficiency"
-                " (ib100 | eth25 | what-if)"
+                " (ib100 | eth25 | what-if or parts only)"
             )
             for r in rows:
                 cells = [
                     f"{r[k]['step_s']:.3f} {100 * r[k].get('efficiency', 0):5.1f}%"
-                    for k in ("ib100", "eth25", "what_if")
+                    for k in ("ib100", "eth25", "what_if", "parts_only")
                     if k in r
                 ]
                 lines.append(
@@ -1019,34 +1417,91 @@ def markdown(out: dict) -> str:
         >>> markdown({"scaling": {}}).splitlines()[0].startswith("| workload |")
         True
     """
-    lines = [
-        "| workload | workers | real s/step | simulated (fitted durations) | error |"
-        " simulated (the run's task times) | error |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in out.get("calibration", []):
-        lines.append(
-            f"| {r['workload']} | {r['workers']} | {r['real_step_s']:.3f} |"
-            f" {r['simulated_step_s']:.3f} | {100 * r['error']:+.1f}% |"
-            f" {r['simulated_real_durations_s']:.3f} | {100 * r['error_real_durations']:+.1f}% |"
+    direct = out.get("design") == "direct"
+    if direct:
+        lines = [
+            "| workload | workers x threads | real s/step | simulated | error |"
+            " busiest worker's compute s | messages | MB sent |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in out.get("calibration", []):
+            lines.append(
+                f"| {r['workload']} | {r['workers']} x {r['threads']} | {r['real_step_s']:.3f} |"
+                f" {r['simulated_step_s']:.3f} | {100 * r['error']:+.1f}% |"
+                f" {r['compute_per_worker_s']:.3f} | {r['messages']} |"
+                f" {r['message_bytes'] / 1e6:.0f} |"
+            )
+        labels: tuple = (
+            "ib100",
+            "eth25",
+            "parts_only",
+            "no_scheduler_cpu",
+            "no_send_software",
+            "tenth_send_software",
+            "no_fetch_software",
+            "no_wire",
         )
-    labels = ("ib100", "eth25", "what_if", "no_scheduler_cpu", "no_fetch_software", "no_wire")
+    else:
+        lines = [
+            "| workload | workers | real s/step | simulated (fitted durations) | error |"
+            " simulated (the run's task times) | error |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in out.get("calibration", []):
+            lines.append(
+                f"| {r['workload']} | {r['workers']} | {r['real_step_s']:.3f} |"
+                f" {r['simulated_step_s']:.3f} | {100 * r['error']:+.1f}% |"
+                f" {r['simulated_real_durations_s']:.3f} |"
+                f" {100 * r['error_real_durations']:+.1f}% |"
+            )
+        labels = ("ib100", "eth25", "what_if", "no_scheduler_cpu", "no_fetch_software", "no_wire")
+    old = out.get("stage_design", {})
+    extra = ["stage design, ib100"] if direct and old else []
     for mode in ("strong", "weak"):
         lines += ["", f"{mode} scaling: efficiency (step s)", ""]
-        lines.append("| workload | N | batch | stages | " + " | ".join(labels) + " |")
-        lines.append("|---" * (4 + len(labels)) + "|")
+        lines.append("| workload | N | batch | stages | " + " | ".join([*labels, *extra]) + " |")
+        lines.append("|---" * (4 + len(labels) + len(extra)) + "|")
         for name, modes in out["scaling"].items():
+            before = {r["n"]: r for r in old.get(name, {}).get(mode, [])}
             for r in modes[mode]:
                 cells = [
                     f"{100 * r[k]['efficiency']:.0f}% ({r[k]['step_s']:.3g})" if k in r else "-"
                     for k in labels
                 ]
+                if extra:
+                    b = before.get(r["n"])
+                    cells.append(f"{100 * b['efficiency']:.0f}% ({b['step_s']:.3g})" if b else "-")
                 lines.append(
                     f"| {name} | {r['n']} | {r['batch']} | {r['stages']} | "
                     + " | ".join(cells)
                     + " |"
                 )
     return "\n".join(lines)
+
+
+def stage_figures(old: dict, path: str) -> dict:
+    """The 100 Gb/s figures of a stage-design result, for comparison: ``{workload:
+    {mode: [{n, batch, step_s, efficiency}]}}`` and where they come from.
+
+    Example:
+        >>> stage_figures({"scaling": {}}, "x.json")
+        {'from': 'x.json'}
+    """
+    out: dict = {"from": path}
+    for name, modes in old.get("scaling", {}).items():
+        out[name] = {
+            mode: [
+                {
+                    "n": r["n"],
+                    "batch": r["batch"],
+                    "step_s": r["ib100"]["step_s"],
+                    "efficiency": r["ib100"].get("efficiency"),
+                }
+                for r in rows
+            ]
+            for mode, rows in modes.items()
+        }
+    return out
 
 
 def plot(out: dict, path: str) -> None:
@@ -1061,9 +1516,17 @@ def plot(out: dict, path: str) -> None:
         for name, modes in out["scaling"].items():
             rows = modes[mode]
             series[name] = [(r["n"], r["ib100"]["efficiency"]) for r in rows]
-            if name == "resnet50":
+            if name == "resnet50" and "what_if" in rows[0]:
                 series["resnet50 (what-if)"] = [(r["n"], r["what_if"]["efficiency"]) for r in rows]
-        panels.append((f"{mode} scaling, 100 Gb/s InfiniBand (simulated)", series))
+            if name == "resnet50" and "no_send_software" in rows[0]:
+                series["resnet50 (no message software)"] = [
+                    (r["n"], r["no_send_software"]["efficiency"]) for r in rows
+                ]
+        old = out.get("stage_design", {}).get("resnet50", {}).get(mode)
+        if old:
+            series["resnet50 (stage design)"] = [(r["n"], r["efficiency"]) for r in old]
+        design = "direct exchange" if out.get("design") == "direct" else "stage design"
+        panels.append((f"{mode}, 100 Gb/s InfiniBand, {design} (simulated)", series))
     svg_plot(panels, path)
 
 
@@ -1079,8 +1542,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--parts",
         nargs="+",
-        default=["overheads", "real", "tasks"],
-        choices=["overheads", "real", "tasks"],
+        default=["overheads", "send", "real", "tasks"],
+        choices=["overheads", "send", "real", "tasks"],
         help="with --measure: what",
     )
     ap.add_argument("--from", dest="source", default=None, help="a --measure file")
@@ -1102,6 +1565,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ns", nargs="+", type=int, default=list(NS))
     ap.add_argument("--workloads", nargs="*", default=list(workloads()))
     ap.add_argument("--skip-calibration", action="store_true", help="scaling only")
+    ap.add_argument(
+        "--design",
+        default="direct",
+        choices=["direct", "stages"],
+        help="direct: each worker's share of a step one task, values exchanged directly"
+        " (the engine's default); stages: a task per worker and stage",
+    )
+    ap.add_argument(
+        "--scale-out",
+        default=None,
+        help="with --design direct: a bench/scale_out.py result to calibrate against",
+    )
+    ap.add_argument(
+        "--send-s",
+        type=float,
+        default=None,
+        help="a direct message's software on the sender's event loop (seconds; if not in"
+        " the --from file: --measure ... --parts send measures it)",
+    )
+    ap.add_argument(
+        "--compare-with",
+        default=None,
+        help="a --design stages result whose 100 Gb/s figures to keep beside these",
+    )
+    ap.add_argument(
+        "--message-s",
+        type=float,
+        default=None,
+        help="the rest of a direct message's software on its way (seconds), likewise",
+    )
     args = ap.parse_args(argv)
     if args.measure:
         measure(args.measure, args.parts)
@@ -1132,13 +1625,33 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.markdown, "w") as f:
                 f.write(markdown(measured) + "\n")
         return 0
+    if args.send_s is not None:
+        measured["overheads"]["send_s"] = args.send_s
+    if args.message_s is not None:
+        measured["overheads"]["message_s"] = args.message_s
+    scale_out = None
+    if args.scale_out:
+        with open(args.scale_out) as f:
+            scale_out = json.load(f)
     load0 = os.getloadavg()
-    out = simulate_all(measured, args.ns, args.workloads, not args.skip_calibration, dump=args.json)
+    out = simulate_all(
+        measured,
+        args.ns,
+        args.workloads,
+        not args.skip_calibration,
+        dump=args.json,
+        command="python bench/scale_sim.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        design=args.design,
+        scale_out=scale_out,
+    )
     out["measured"] = {k: v for k, v in measured.items() if k != "task_records"}
     out["measured"]["real_step_s"] = {
         k: v["step_s"] for k, v in measured.get("real_step_s", {}).items()
     }
     out["machine"] = {"loadavg_simulation": [load0, os.getloadavg()], "cpus": os.cpu_count()}
+    if args.compare_with:
+        with open(args.compare_with) as f:
+            out["stage_design"] = stage_figures(json.load(f), args.compare_with)
     print(_table(out))
     if args.json:
         with open(args.json, "w") as f:

@@ -159,3 +159,150 @@ def test_the_plot_has_one_polyline_per_curve(tmp_path):
     text = out.read_text()
     assert text.startswith("<svg") and text.count("<polyline") == 3
     assert 'stroke-dasharray="5,3"' in text
+
+
+# -- the direct-exchange design: each worker's share of a step one task ----------------
+
+
+def _share(key, worker, members, deps=()):
+    return sim.SimTask(key, worker, sum(m.duration for m in members), deps, program=members)
+
+
+def test_two_workers_one_exchange_take_send_latency_and_bandwidth():
+    nbytes, bw, lat, send, rest = 4e6, 2e9, 5e-6, 3e-4, 1e-4
+    over = sim.Overheads(task_s=0.0, rtt_s=0.0, fetch_s=0.0, send_s=send, message_s=rest)
+    tasks = [
+        _share("s0", 0, (sim.Member("a", 1.0, (), ((1, nbytes),)),)),
+        _share("s1", 1, (sim.Member("b", 2.0, (1,)), sim.Member("a", 0.0, remote=True))),
+    ]
+    res = sim.simulate(tasks, over, sim.Network("n", lat, bw))
+    # both shares start one latency after the graph arrives; b waits for a's message
+    arrives = lat + 1.0 + send + nbytes / bw + lat + rest
+    assert res.makespan == pytest.approx(arrives + 2.0)
+    assert res.messages == 1 and res.message_bytes == nbytes
+    assert res.compute_s == [1.0, 2.0]
+    # the brief's formula with the rest of the software taken away
+    over0 = sim.Overheads(0.0, 0.0, 0.0, send_s=send)
+    plain = sim.simulate(tasks, over0, sim.Network("n", lat, bw)).makespan
+    assert plain == pytest.approx(lat + 1.0 + (send + lat + nbytes / bw) + 2.0)
+
+
+@pytest.mark.parametrize(("other", "expect"), [(3.0, 4.0), (0.5, 2.0)])
+def test_a_share_runs_the_first_member_it_can_and_waits_only_when_none_can(other, expect):
+    tasks = [
+        _share("s0", 0, (sim.Member("a", 1.0, (), ((1, 0.0),)),)),
+        # c comes first but reads a (arrives at 1.0); d reads nothing
+        _share(
+            "s1",
+            1,
+            (
+                sim.Member("c", 1.0, (2,)),
+                sim.Member("d", other, ()),
+                sim.Member("a", 0.0, remote=True),
+            ),
+        ),
+    ]
+    # other = 3: d runs 0-3 while a is on its way, then c 3-4; other = 0.5: d 0-0.5,
+    # the worker waits, c 1-2
+    assert sim.simulate(tasks, FREE, NO_WIRE).makespan == pytest.approx(expect)
+
+
+def test_a_worker_sends_one_message_at_a_time_and_its_link_one_transfer():
+    size, bw, send = 1e6, 1e6, 0.25  # one second per transfer
+    tasks = [
+        _share("s0", 0, (sim.Member("a", 1.0, (), ((1, size), (2, size))),)),
+        _share("s1", 1, (sim.Member("r1", 0.0, (1,)), sim.Member("a", 0.0, remote=True))),
+        _share("s2", 2, (sim.Member("r2", 0.0, (1,)), sim.Member("a", 0.0, remote=True))),
+    ]
+    over = sim.Overheads(0.0, 0.0, 0.0, send_s=send)
+    res = sim.simulate(tasks, over, sim.Network("n", 0.0, bw))
+    # to 1: leaves at 1.25, arrives 2.25; to 2: leaves the loop at 1.5, waits for the
+    # link until 2.25, arrives 3.25
+    assert res.makespan == pytest.approx(3.25)
+    assert res.messages == 2
+
+
+def test_a_message_for_a_share_not_started_waits_in_its_mailbox():
+    tasks = [
+        _share("s0", 0, (sim.Member("a", 1.0, (), ((1, 0.0),)),)),
+        sim.SimTask("pre", 1, 5.0, ()),
+        _share("s1", 1, (sim.Member("b", 1.0, (1,)), sim.Member("a", 0.0, remote=True)), ("pre",)),
+    ]
+    # a arrives at 1.0, s1 starts at 5.0 (after pre) and runs b at once
+    assert sim.simulate(tasks, FREE, NO_WIRE).makespan == pytest.approx(6.0)
+
+
+def test_a_share_whose_value_never_comes_is_an_error():
+    tasks = [_share("s1", 1, (sim.Member("b", 1.0, (1,)), sim.Member("a", 0.0, remote=True)))]
+    with pytest.raises(RuntimeError, match="never ended"):
+        sim.simulate(tasks, FREE, NO_WIRE)
+
+
+@pytest.fixture(scope="module")
+def two_direct():
+    sp = sim.step_plan("resnet", sim.RESNET_TINY, batch=8, n=2, tiles=sim.TWO_TILES)
+    return sp, *sim.step_graph(sp, 2, direct=True)
+
+
+def test_the_engine_s_direct_graph_is_one_share_per_worker_that_sends_what_others_read(
+    two_direct, two_workers
+):
+    sp, dsk, carried = two_direct
+    model = sim.DurationModel({"*": (1e-3, 0.0, 0.0)})
+    tasks = sim.sim_tasks(sp, dsk, carried, model)
+    shares = [t for t in tasks if t.program is not None]
+    assert sorted(t.worker for t in shares) == [0, 1]
+    sent = {(m.key, p) for t in shares for m in t.program for p, _ in m.sends}
+    wanted = {(m.key, t.worker) for t in shares for m in t.program if m.remote}
+    assert sent == wanted and wanted  # every value a share waits for, one share sends
+    # the same tile tasks as the stage design's graph for two workers
+    stages = sim.sim_tasks(two_workers[0], two_workers[1], two_workers[2], model)
+    total = sum(m.duration for t in shares for m in t.program)
+    assert total == pytest.approx(sum(t.duration for t in stages if not t.source))
+    res = sim.simulate(tasks, FREE, NO_WIRE)
+    assert res.messages == len(wanted)
+    assert max(res.compute_s) <= res.makespan + 1e-9 <= total + 1e-9
+    # sending only the parts a reader takes never sends more
+    parted = sim.sim_tasks(sp, dsk, carried, model, parts_only=True)
+    assert sim.simulate(parted, FREE, NO_WIRE).message_bytes <= res.message_bytes
+
+
+def test_the_simulated_messages_are_those_the_engine_s_shares_really_send(monkeypatch):
+    """Both shares of the tiny ResNet's step run for real (``run_exchange`` on two
+    threads of this process, whose mailbox then serves both): every value one sends
+    the other is recorded with its size, and the simulation's messages must be the
+    same values with the same bytes (a fused task's packed outputs, whole)."""
+    import threading
+
+    from dask.sizeof import sizeof
+    from dask.task_spec import DataNode
+
+    from dfdl.taskgraph import exchange
+
+    sp = sim.step_plan("resnet", sim.RESNET_TINY, batch=8, n=2, tiles=sim.TWO_TILES)
+    dsk, carried = sim.step_graph(sp, 2, direct=True, arrays=True)
+    data = {k: v.value for k, v in dsk.items() if isinstance(v, DataNode)}
+    sent: dict = {}
+    deliver = exchange.deliver
+
+    def record(key, value):
+        sent[exchange.name(key)] = sent.get(exchange.name(key), 0) + sizeof(value)
+        deliver(key, value)
+
+    monkeypatch.setattr(exchange, "deliver", record)
+    shares = [k for k, v in dsk.items() if getattr(v, "func", None) is sim.run_exchange]
+    done: dict = {}
+    threads = [threading.Thread(target=lambda k=k: done.update({k: dsk[k](data)})) for k in shares]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(done) == 2
+    simulated: dict = {}
+    for t in sim.sim_tasks(sp, dsk, carried, sim.DurationModel({"*": (0.0, 0.0, 0.0)})):
+        for m in t.program or ():
+            for _, nbytes in m.sends:
+                simulated[exchange.name(m.key)] = simulated.get(exchange.name(m.key), 0) + nbytes
+    assert set(simulated) == set(sent)
+    for k, nbytes in sent.items():  # sizeof adds a few hundred bytes of Python objects
+        assert simulated[k] == pytest.approx(nbytes, rel=0.1, abs=300), k
