@@ -579,20 +579,25 @@ def _program(
 ) -> tuple[Member, ...]:
     """A ``run_exchange`` task's members as :class:`Member`\\ s, in its order: each one's
     modelled seconds, the indices of the members it reads, and the messages it sends
-    (to each worker in its ``owed`` entry, the whole value: a fused task's packed
-    outputs, :func:`_value_bytes`). ``parts``: ``{(key, worker): bytes}`` to send
-    instead (:func:`_parts_taken`)."""
+    (to each worker in its ``owed`` entry, the parts of the value it reads, as the engine
+    sends them: of a fused task's packed outputs, :func:`_value_bytes`, those its members
+    take). ``parts``: ``{(key, worker): bytes}`` to send instead (:func:`_parts_taken`)."""
     tasks, deps, _exports, owed, _peers, _me = node.args[:6]
-    owed = dict(owed)
+    owed = {i: list(zip(ps, rest[0] if rest else [None] * len(ps))) for i, ps, *rest in owed}
     out = []
     for i, t in enumerate(tasks):
         if t.func is exchange.receive:
             out.append(Member(t.key, 0.0, (), (), remote=True))
             continue
-        whole = float(sum(_value_bytes(t, costs))) if i in owed else 0.0
-        sends = tuple(
-            (p, whole if parts is None else parts.get((t.key, p), whole)) for p in owed.get(i, ())
-        )
+        sizes = _value_bytes(t, costs) if i in owed else []
+        sends = []
+        for p, taken in owed.get(i, ()):
+            if taken is None or any(k >= len(sizes) for k in taken):
+                sent = float(sum(sizes))  # whole, or parts of a value not sized by part
+            else:
+                sent = float(sum(sizes[k] for k in taken))
+            sends.append((p, sent if parts is None else parts.get((t.key, p), sent)))
+        sends = tuple(sends)
         out.append(Member(t.key, seconds(t), tuple(deps[i]), sends))
     return tuple(out)
 

@@ -208,7 +208,10 @@ def group_steps(
         )
         head = (tasks, member_deps, tuple(index[m] for m in exports))
         if direct:
-            owed = tuple((index[m], tuple(ps)) for m, ps in sends[g])
+            owed = tuple(
+                (index[m], tuple(ps), tuple(_parts_read(m, p, readers, slot, nodes) for p in ps))
+                for m, ps in sends[g]
+            )
             head = (*head, owed, tuple(peers), g[-2])
         out[g] = Task(
             g,
@@ -221,6 +224,43 @@ def group_steps(
     if direct:
         _anchor_silent(out, groups, keep, step_of, slot)
     return out
+
+
+def _parts_read(m, part: int, readers: Mapping, slot: Mapping, nodes: Mapping):
+    """The indices of ``m``'s value (a fused task's packed outputs) that the members on
+    worker ``part`` take (``getitem(m, i)``), sorted; None where one reads it whole."""
+    taken: set = set()
+    for r in readers[m]:
+        if slot.get(r) is not None and slot[r][2] == part and not _taken(nodes[r], m, taken):
+            return None
+    return tuple(sorted(taken))
+
+
+def _taken(node: object, m, taken: set) -> bool:
+    """Add to ``taken`` the indices of ``m`` that ``node`` takes; False where it reads
+    ``m`` whole."""
+    if isinstance(node, TaskRef):
+        return node.key != m
+    if isinstance(node, Task):
+        args = node.args
+        if node.func is operator.getitem and args and isinstance(args[0], TaskRef):
+            if args[0].key == m and isinstance(args[1], int):
+                taken.add(args[1])
+                return True
+        return all(_taken(a, m, taken) for a in (*args, *node.kwargs.values()))
+    if isinstance(node, (tuple, list)):
+        return all(_taken(a, m, taken) for a in node)
+    if isinstance(node, dict):
+        return all(_taken(a, m, taken) for a in node.values())
+    return True
+
+
+def _only(value, parts):
+    """``value`` with the entries not in ``parts`` left out (None: indices keep their
+    places); all of it for ``parts`` None or a value that is no tuple."""
+    if parts is None or not isinstance(value, tuple):
+        return value
+    return type(value)(v if i in parts else None for i, v in enumerate(value))
 
 
 def _anchor_silent(out: dict, groups: Mapping, keep: set, step_of: Mapping, slot: Mapping):
@@ -385,8 +425,9 @@ def run_exchange(
     *values,
 ) -> Outputs:
     """One worker's share of a step, on this thread, exchanging values with the other
-    workers' shares: ``owed`` holds ``(i, workers)``, the value of ``tasks[i]`` to send
-    to those workers (their addresses in ``peers``) once computed; the values this share
+    workers' shares: ``owed`` holds ``(i, workers[, parts])``, the value of ``tasks[i]``
+    to send to those workers (their addresses in ``peers``) once computed (of a packed
+    value, only the ``parts`` each worker reads, the others left None); the values this share
     reads from them are tasks of :func:`dfdl.taskgraph.exchange.receive` (standing for
     the value to take); ``me`` is this share's worker (``peers[me]``). When a task
     fails, what was still owed is sent as a failure, so no reader waits for it. A share
@@ -422,7 +463,8 @@ def run_exchange(
     coming = {i: exchange.name(t.key) for i, t in enumerate(tasks) if t.func is exchange.receive}
     sched.ready = [i for i in sched.ready if i not in coming]
     heapq.heapify(sched.ready)
-    sends = dict(owed)
+    # (i, workers[, parts]): what to send to each worker, only the parts it reads
+    sends = {i: list(zip(ps, rest[0] if rest else [None] * len(ps))) for i, ps, *rest in owed}
     outbox = exchange.Outbox()
     trace = gang.TRACE
     try:
@@ -439,13 +481,13 @@ def run_exchange(
             start = time.time() if trace is not None else 0.0
             value = task(cache)
             sched.done(i, value)
-            for p in sends.pop(i, ()):
-                outbox.send(peers[p], task.key, value)
+            for p, parts in sends.pop(i, ()):
+                outbox.send(peers[p], task.key, _only(value, parts))
             if trace is not None:
                 trace.append((task.key, threading.current_thread().name, start, time.time()))
     except BaseException as e:
         for j, ps in sends.items():
-            for p in ps:
+            for p, _ in ps:
                 outbox.fail(
                     peers[p],
                     tasks[j].key,

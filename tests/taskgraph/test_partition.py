@@ -21,11 +21,12 @@ from dfdl.ir.onnx_io import to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import Workers, compile_step
 from dfdl.runtime.session import EngineOptions
-from dfdl.taskgraph import step_tasks
+from dfdl.taskgraph import exchange, step_tasks
 from dfdl.taskgraph.lower import lower, split_tiles
 from dfdl.taskgraph.optimize import GraphOptions, worker_restrictions
 from dfdl.taskgraph.partition import replicate_merges, stripped, tile_parts
 from dfdl.taskgraph.step_tasks import group_steps, run_exchange, run_local, run_serial
+from dfdl.taskgraph.tile_exec import Outputs
 from tests.taskgraph.test_fuse import _train
 
 
@@ -106,6 +107,35 @@ def test_with_peers_each_worker_s_share_is_one_task_passing_values_directly():
     assert {("step", 0, 0, 0), ("step", 0, 1, 0)} <= out[("loss", 0)].dependencies
     # both run at once (threads stand in for workers: values go to this process's mailbox)
     assert dask.threaded.get(out, KEEP, num_workers=2) == get_sync(dsk, KEEP)
+
+
+def _two_outputs(x):
+    return Outputs((np.full(1000, x), x + 1.0))
+
+
+def test_a_worker_is_sent_only_the_parts_of_a_packed_value_it_reads(monkeypatch):
+    """A fused task's packed value (its output and what it carries): the other worker's
+    members take one part of it, and only that part travels."""
+    dsk = {("x", 0, 0): DataNode(("x", 0, 0), 2.0)}
+    dsk[("p", 0, 0)] = _t(("p", 0, 0), _two_outputs, ("x", 0, 0))
+    dsk[("q", 0, 0)] = Task(
+        ("q", 0, 0), np.sum, Task("t", operator.getitem, TaskRef(("p", 0, 0)), 0)
+    )
+    dsk[("r", 0, 1)] = Task(("r", 0, 1), abs, Task("u", operator.getitem, TaskRef(("p", 0, 0)), 1))
+    dsk[("loss", 0)] = _t(("loss", 0), operator.add, ("q", 0, 0), ("r", 0, 1))
+    out = group_steps(
+        dsk, keep=KEEP, name=lambda s: ("step", s), place=lambda k: k[2] if len(k) > 2 else None,
+        parts=2, strip=str, peers=("w0", "w1"),
+    )  # fmt: skip
+    (share,) = [v for k, v in out.items() if k[:3] == ("step", 0, 0)]
+    tasks, owed = share.args[0], share.args[3]
+    assert [(tasks[i].key, ps, parts) for i, ps, parts in owed] == [(("p", 0, 0), (1,), ((1,),))]
+    sent = []
+    deliver = exchange.deliver
+    monkeypatch.setattr(exchange, "deliver", lambda k, v: sent.append(v) or deliver(k, v))
+    assert dask.threaded.get(out, KEEP, num_workers=2) == get_sync(dsk, KEEP) == (2003.0,)
+    (packed,) = [v for v in sent if isinstance(v, Outputs)]  # (and r's value, for the loss)
+    assert packed[0] is None and packed[1] == 3.0
 
 
 def test_a_tiny_merge_is_computed_again_on_each_worker_that_reads_it():
