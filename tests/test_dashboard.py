@@ -29,7 +29,7 @@ from tests import browser
 SIZES = (64, 256, 256, 10)
 BATCH = 64
 N = BATCH * 100
-EPOCHS = 2
+EPOCHS = 4  # the run outlasts the browser's look at the live page
 LOSS_RGB = (0x1F, 0x77, 0xB4)  # the loss line's colour in dfdl/dashboard.py
 #: every named data source of the page, and the column whose length tells its rows
 SOURCES = {

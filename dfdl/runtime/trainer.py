@@ -596,9 +596,9 @@ def gather_watching(client, futures, *, poll: float = 5.0, give_up: float | None
 
     if not futures:
         done.set()
-    for f in futures:
-        f.add_done_callback(one_done)  # called once the future is finished, erred or cancelled
     try:
+        for f in futures:
+            f.add_done_callback(one_done)  # called once finished, erred or cancelled
         return _wait_gather(client, futures, done, poll, give_up)
     except (KeyboardInterrupt, SystemExit, TrainingError):
         # a pending done-callback holds its future on the client's event loop until the

@@ -98,6 +98,10 @@ def test_an_interrupted_gather_cancels_its_futures(client):
     """Ctrl-C while waiting: the tasks leave the scheduler although the caller still
     holds the futures (as a pending done-callback does, until its task ends)."""
     futures = client.map(_sleep_long, range(2))
+    deadline = time.monotonic() + 30
+    while sum(len(v) for v in client.processing().values()) < 2:  # both tasks running
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     try:
@@ -107,7 +111,7 @@ def test_an_interrupted_gather_cancels_its_futures(client):
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while client.run_on_scheduler(_scheduler_tasks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert client.run_on_scheduler(_scheduler_tasks) == 0
