@@ -45,10 +45,20 @@ def _interrupted_while_loading(signum, frame) -> NoReturn:
     os._exit(130)
 
 
-def _interrupt(signum, frame) -> NoReturn:
-    # the command is ending: what Dask's threads log about calls cut short is noise
+def silence_dask_logs() -> None:
+    """Silence the loggers of Dask and its event loops in this process: once a command
+    is interrupted, what they log about calls cut short is noise (asyncio's "Task
+    exception was never retrieved" of a nanny cut short while starting, among others).
+
+    Example:
+        >>> silence_dask_logs()  # doctest: +SKIP
+    """
     for name in ("distributed", "tornado", "asyncio"):
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
+def _interrupt(signum, frame) -> NoReturn:
+    silence_dask_logs()
     if not _redelivering:
         thread = threading.Thread(target=_redeliver, name="dfdl-interrupt", daemon=True)
         _redelivering.append(thread)

@@ -673,9 +673,9 @@ def _kill_stragglers() -> None:
 
 
 def _silence_logs() -> None:
-    # asyncio: "Task exception was never retrieved" of a nanny cut short while starting
-    for name in ("distributed", "tornado", "asyncio"):
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    from dfdl.interrupts import silence_dask_logs
+
+    silence_dask_logs()
 
 
 def _close_embedded() -> None:
