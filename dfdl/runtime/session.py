@@ -43,7 +43,7 @@ from dfdl.errors import CheckpointError, ConfigError, DataError, FoldedParameter
 from dfdl.ir.onnx_io import ModelLike, exporter_folded, load_model, to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import StepPlan, Workers, choose_variant, training_plan
-from dfdl.runtime import checkpoint, worker_setup
+from dfdl.runtime import checkpoint, pinning, worker_setup
 from dfdl.runtime.cluster import (
     connect,
     default_workers,
@@ -491,6 +491,7 @@ class TrainingSession:
         }
         total = start + len(schedule)
         with connect(client) as c:
+            pinning.install(c)  # the workers' shares of a step stay on their workers
             nthreads = c.nthreads()
             on = replace(workers, processes=len(nthreads), threads=max(nthreads.values()))
             anchor = Anchor(start, {k: values[k] for k in tg.carried()})

@@ -584,14 +584,17 @@ PAUSED_GIVE_UP_S = 120.0
 
 def gather_watching(client, futures, *, poll: float = 5.0, give_up: float | None = None):
     """``client.gather(futures)``, but a :class:`TrainingError` instead of a hang when
-    every worker stays paused for memory for ``give_up`` seconds."""
+    every worker stays paused for memory for ``give_up`` seconds; the first task that
+    fails raises its error at once, without waiting for the others."""
     give_up = PAUSED_GIVE_UP_S if give_up is None else give_up
     remaining, lock, done = [len(futures)], threading.Lock(), threading.Event()
 
-    def one_done(_future) -> None:
+    def one_done(future) -> None:
         with lock:
             remaining[0] -= 1
-            if remaining[0] <= 0:
+            # a failed task ends the wait at once: the recovery may have to replay, and a
+            # share waiting for the failed one's values only ends once cancelled
+            if remaining[0] <= 0 or future.status != "finished":
                 done.set()
 
     if not futures:

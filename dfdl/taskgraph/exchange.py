@@ -12,7 +12,8 @@ another: a step costs one task per worker, however many exchanges it has.
 Contract: a value is received exactly once, under the key of the task that made it
 (keys carry the run token and the step, so no two runs or steps share one). A task that
 fails sends a failure in place of every value it still owed, so its readers raise
-(:class:`ExchangeError`) instead of waiting; a reader that gets nothing within
+(:class:`ExchangeError`; :class:`PeerLostError` when its worker was lost) instead of
+waiting; a reader that gets nothing within
 :data:`TIMEOUT` seconds (the sender's worker died) raises too, naming the key. A task
 waiting for a value leaves its worker's thread to other tasks (``distributed.secede``),
 so trainings sharing workers cannot wait for each other forever.
@@ -54,10 +55,12 @@ POLL = 2.0
 
 
 class _Failed:
-    """Sent in place of a value its task could not compute."""
+    """Sent in place of a value its task could not compute (``lost``: because its worker
+    was lost, so the reader's error is a :class:`PeerLostError` too)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, lost: bool = False):
         self.message = message
+        self.lost = lost
 
 
 def name(key: Hashable) -> str:
@@ -119,6 +122,7 @@ def take(names: dict[int, str]) -> list[tuple[int, object]]:
     mailbox and of ``names``; does not wait.
 
     Raises:
+        PeerLostError: one of them is the failure of a sender whose worker was lost.
         ExchangeError: one of them is a sender's failure.
 
     Example:
@@ -135,7 +139,7 @@ def take(names: dict[int, str]) -> list[tuple[int, object]]:
                 del names[i]
     for _, value in got:
         if isinstance(value, _Failed):
-            raise ExchangeError(value.message)
+            raise (PeerLostError if value.lost else ExchangeError)(value.message)
     return got
 
 
@@ -175,7 +179,7 @@ def wait_any(
                 " cancelled (the training was interrupted or replays)"
             )
         for address in senders:
-            if not _answers(address):
+            if not answers(address):
                 raise PeerLostError(
                     f"the worker at {address} was lost while this worker waited for its"
                     f" values ({', '.join(sorted(names.values())[:2])})"
@@ -214,8 +218,13 @@ def _cancelled() -> bool:
     return ts is None or ts.state in ("cancelled", "released", "forgotten")
 
 
-def _answers(address: str) -> bool:
-    """Whether the worker at ``address`` answers (True outside a worker)."""
+def answers(address: str) -> bool:
+    """Whether the worker at ``address`` answers (True outside a worker).
+
+    Example:
+        >>> answers("tcp://127.0.0.1:9")  # outside a worker: nothing to ask with
+        True
+    """
     try:
         from distributed import get_worker
         from distributed.utils import sync
@@ -230,6 +239,24 @@ def _answers(address: str) -> bool:
     except Exception:  # noqa: BLE001 - refused, closed or timed out: gone
         return False
     return True
+
+
+#: seconds a share moved off its worker waits before it asks to go back (while its
+#: worker is paused for memory, Dask may keep placing it elsewhere)
+RESCHEDULE_DELAY_S = 0.2
+
+
+def reschedule(home: str) -> None:
+    """Hand the running task back to the scheduler, to run on its worker at ``home``
+    (``distributed.Reschedule``; its restrictions send it there while that worker runs).
+
+    Raises:
+        distributed.Reschedule: always.
+    """
+    from distributed import Reschedule
+
+    time.sleep(RESCHEDULE_DELAY_S)
+    raise Reschedule(f"this share of a step runs on its own worker, {home}")
 
 
 def begin() -> None:
@@ -278,9 +305,10 @@ class Outbox:
             (address, asyncio.run_coroutine_threadsafe(call, worker.loop.asyncio_loop))
         )
 
-    def fail(self, address: str, key: Hashable, message: str) -> None:
-        """Send a failure under ``key``: its reader raises ``message``."""
-        self.send(address, key, _Failed(message))
+    def fail(self, address: str, key: Hashable, message: str, lost: bool = False) -> None:
+        """Send a failure under ``key``: its reader raises ``message`` (as a
+        :class:`PeerLostError` when ``lost``: the sender's worker was lost)."""
+        self.send(address, key, _Failed(message, lost))
 
     def close(self) -> None:
         """Wait until every value sent was delivered.

@@ -430,10 +430,12 @@ def run_exchange(
     value, only the ``parts`` each worker reads, the others left None); the values this share
     reads from them are tasks of :func:`dfdl.taskgraph.exchange.receive` (standing for
     the value to take); ``me`` is this share's worker (``peers[me]``). When a task
-    fails, what was still owed is sent as a failure, so no reader waits for it. A share
-    that Dask ran on another worker than its own (its own was lost) raises
-    :class:`~dfdl.taskgraph.exchange.PeerLostError` at once: values are addressed to
-    workers, and the trainer replays the steps since its last anchor.
+    fails, what was still owed is sent as a failure, so no reader waits for it. Values
+    are addressed to workers, so a share runs on its own worker only: one that Dask's
+    work stealing moved to another asks the scheduler to send it back (``Reschedule``),
+    and one whose worker was lost raises
+    :class:`~dfdl.taskgraph.exchange.PeerLostError` at once, failing what it owed the
+    same way, and the trainer replays the steps since its last anchor.
 
     Example:
         >>> from dask.task_spec import Task, TaskRef
@@ -450,11 +452,10 @@ def run_exchange(
     """
     exchange.begin()
     here = exchange.address()
-    if here is not None and here != peers[me]:
-        raise exchange.PeerLostError(
-            f"this share of a step was for the worker at {peers[me]}, which was lost; it"
-            f" reached {here}"
-        )
+    if here is not None and here != peers[me] and exchange.answers(peers[me]):
+        # Dask's work stealing moved it off its worker, which is still there: send it home
+        # (values are addressed to workers, so it can run nowhere else)
+        exchange.reschedule(peers[me])
     cache = dict(zip(outside, values, strict=True))
     STEP_VALUES.values = cache
     sched = _Schedule(tasks, deps, exports, cache)
@@ -468,6 +469,11 @@ def run_exchange(
     outbox = exchange.Outbox()
     trace = gang.TRACE
     try:
+        if here is not None and here != peers[me]:
+            raise exchange.PeerLostError(
+                f"this share of a step was for the worker at {peers[me]}, which was lost;"
+                f" it reached {here}"
+            )
         while True:
             for i, value in exchange.take(coming) if coming else ():
                 sched.done(i, value)
@@ -486,12 +492,14 @@ def run_exchange(
             if trace is not None:
                 trace.append((task.key, threading.current_thread().name, start, time.time()))
     except BaseException as e:
+        lost = isinstance(e, exchange.PeerLostError)  # its readers replay, as it does
         for j, ps in sends.items():
             for p, _ in ps:
                 outbox.fail(
                     peers[p],
                     tasks[j].key,
                     f"{tasks[j].key!r} failed on another worker: {type(e).__name__}: {e}",
+                    lost=lost,
                 )
         with contextlib.suppress(Exception):  # the task's own error is the one to see
             outbox.close()

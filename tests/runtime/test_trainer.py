@@ -87,6 +87,24 @@ def test_gather_gives_up_on_workers_paused_for_memory(paused_client):
     assert all(f.cancelled() for f in futures)
 
 
+def _fail(x):
+    raise ValueError(f"tile {x} failed")
+
+
+def test_the_first_failed_task_raises_without_waiting_for_the_others(client):
+    """A share that fails (its worker lost) while another waits for its values: the
+    error comes at once, so the recovery can replay, not after the other's timeout."""
+    slow = client.submit(_sleep_long, 1, pure=False)
+    failed = client.submit(_fail, 2, pure=False)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ValueError, match="tile 2 failed"):
+            gather_watching(client, [slow, failed], poll=0.1, give_up=30)
+        assert time.monotonic() - t0 < 20
+    finally:
+        client.cancel([slow, failed])
+
+
 def _sleep_long(x):
     import time
 

@@ -5,6 +5,7 @@ hanging, and a real two-worker cluster delivers between processes."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 
@@ -81,15 +82,63 @@ def test_a_lost_sender_is_noticed_within_seconds(client):
     assert time.monotonic() - t0 < 30
 
 
-def test_a_share_that_reaches_another_worker_than_its_own_raises_at_once(client):
-    # its own worker was lost and Dask ran it elsewhere: values are sent by address
+def test_a_share_whose_worker_was_lost_raises_and_fails_what_it_owed(client):
+    # Dask ran it elsewhere since its own worker is gone: values are sent by address
     worker_setup.install(client)
-    a, b = sorted(client.nthreads())
-    tasks = (Task("v", abs, -1),)
-    dsk = {"S": Task("S", run_exchange, tasks, ((),), (0,), (), (a, b), 0, ())}
+    b = sorted(client.nthreads())[1]
+    gone = "tcp://127.0.0.1:9"  # nothing listens there: the worker that died
+    tasks = (Task("owed", abs, -1),)
+    dsk = {"S": Task("S", run_exchange, tasks, ((),), (0,), ((0, (1,)),), (gone, b), 0, ())}
     (f,) = submit.get(client, dsk, ["S"], workers={"S": [b]})
-    with pytest.raises(exchange.PeerLostError, match=f"for the worker at {a}, which was lost"):
+    with pytest.raises(exchange.PeerLostError, match=f"for the worker at {gone}, which was lost"):
         f.result(timeout=60)
+    # its reader on b is told at once, as a lost peer (so the trainer replays)
+    t0 = time.monotonic()
+    with pytest.raises(exchange.PeerLostError, match="'owed' failed on another worker"):
+        client.run(exchange.receive, "owed", 30, workers=[b])
+    assert time.monotonic() - t0 < 10
+
+
+def _hold(path: str) -> None:
+    while not os.path.exists(path):
+        time.sleep(0.02)
+
+
+def _steal(key: str, victim: str, thief: str, dask_scheduler=None) -> str:
+    s = dask_scheduler
+    return s.extensions["stealing"].move_task_request(
+        s.tasks[key], s.workers[victim], s.workers[thief]
+    )
+
+
+def _ran(key: str, dask_worker=None) -> list[str]:
+    return [repr(e) for e in dask_worker.state.story(key)]
+
+
+def test_a_share_moved_by_work_stealing_goes_back_to_its_worker(client, tmp_path):
+    """Dask's work stealing may move a share queued behind other work to an idle worker
+    (restrictions are loose so that a lost worker's share runs somewhere): it goes back
+    to its own worker and computes there, instead of failing the step."""
+    worker_setup.install(client)
+    a, b = sorted(client.nthreads())  # one thread each
+    go = tmp_path / "go"
+    blocker = client.submit(_hold, str(go), workers=[a], pure=False)
+    tasks = (Task("mine", abs, -3),)
+    dsk = {"moved": Task("moved", run_exchange, tasks, ((),), (0,), (), (a, b), 0, ())}
+    (f,) = submit.get(client, dsk, ["moved"], workers={"moved": [a]})
+    deadline = time.monotonic() + 30
+    while f.key not in {k for ks in client.processing([a]).values() for k in ks}:
+        assert time.monotonic() < deadline, "the share never queued on its worker"
+        time.sleep(0.02)
+    assert client.run_on_scheduler(_steal, f.key, a, b).startswith("steal-")
+    deadline = time.monotonic() + 30
+    while "rescheduled" not in " ".join(client.run(_ran, f.key, workers=[b])[b]):
+        assert time.monotonic() < deadline, "the steal never reached the idle worker"
+        time.sleep(0.05)
+    go.touch()
+    assert f.result(timeout=60) == (3,)
+    assert client.who_has([f]) == {f.key: (a,)}
+    blocker.result(timeout=60)
 
 
 def test_an_undeliverable_value_is_a_lost_peer():
