@@ -28,6 +28,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
@@ -46,7 +47,16 @@ SUITES = ("simple", "pytorch-converted", "pytorch-operator", "light")
 LIGHT_PREFIX = "onnx/backend/test/data/light/"
 
 #: selected cases not expected to pass, by regular expression on "suite/case", with why
-EXCLUDED: dict[str, str] = {}
+EXCLUDED: dict[str, str] = {
+    r"^light/test_squeezenet$": (
+        "its weights are constants (every one of the 1000 output channels the same), so its "
+        "logits (9.5e9) tie exactly in onnxruntime and the recorded output is softmax's "
+        "0.001 everywhere; summed in another order (numpy's BLAS on an AVX2 CPU takes some "
+        "output columns in its edge kernel), logits 1 ulp apart (1024 at that scale) give "
+        "softmax 0.25 and 0: ill-conditioned, not wrong. "
+        "test_light_squeezenet_logits_match_onnxruntime checks the logits instead"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -187,6 +197,32 @@ def test_suite_case(case: SuiteCase, tiling: str):
     for inputs, expected in data:
         outputs = list(rep.run(inputs))
         Runner.assert_similar_outputs(expected, outputs, case.rtol, case.atol, case.id)
+
+
+def test_light_squeezenet_logits_match_onnxruntime():
+    """The excluded light SqueezeNet (see ``EXCLUDED``) up to its logits, before the
+    Softmax whose exact ties decide its recorded output: as onnxruntime's within float32
+    rounding of their scale."""
+    import onnxruntime as ort
+
+    (case,) = [c for c in SELECTED if c.id == "light/test_squeezenet"]
+    model = onnx.load(case.model_path)
+    (softmax,) = [n for n in model.graph.node if n.op_type == "Softmax"]
+    assert softmax.output[0] == model.graph.output[0].name
+    logits = onnx.shape_inference.infer_shapes(model)
+    (info,) = [v for v in logits.graph.value_info if v.name == softmax.input[0]]
+    logits.graph.node.remove([n for n in logits.graph.node if n.op_type == "Softmax"][0])
+    logits.graph.output.pop()
+    logits.graph.output.append(info)
+    ((inputs, _),) = _data_sets(case, model)
+    inits = {t.name for t in model.graph.initializer}
+    names = [v.name for v in model.graph.input if v.name not in inits]
+    feed = dict(zip(names, inputs, strict=True))
+    (ref,) = ort.InferenceSession(logits.SerializeToString()).run(None, feed)
+    (got,) = dfdl.backend.prepare(logits, "CPU").run(inputs)
+    scale = float(np.max(np.abs(ref)))
+    assert scale > 1e9  # the recorded case's scale: a tie of softmax at 1 ulp
+    assert float(np.max(np.abs(np.asarray(got) - ref))) <= 1e-5 * scale
 
 
 def test_selection_reasons_are_computed():

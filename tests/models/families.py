@@ -14,7 +14,16 @@ dfdl recommends) and checked two ways:
   within :data:`LOSS_RTOL` relative where PyTorch's own float32-vs-float64 difference is
   below :data:`TORCH_EXACT` (rounding has not yet been amplified); otherwise dfdl's
   loss must be no further from float64 than PyTorch's float32 loss is (give or take
-  :data:`LOSS_RTOL`).
+  :data:`LOSS_RTOL`). Where that fails, one float32 run is no measure: a few ReLUs and
+  max pools whose inputs sit within rounding of a tie decide the steps after them, and
+  PyTorch's own float32 error at a step ranges over four decades when its weights move
+  by one ulp (mobilenet_v2's third loss, 2026-11-28: 6.0e-4 to 7.8e-2 over eight such
+  runs). The step is then judged against :data:`SPREAD_RUNS` more PyTorch float32 runs
+  from weights multiplied by ``1 +- 2**-23`` (:func:`torch_spread`): within
+  :data:`TORCH_EXACT` of float64 in all of them, dfdl must be within :data:`LOSS_RTOL`
+  of PyTorch's float32 loss; otherwise no further from float64 than the furthest of
+  them (give or take :data:`LOSS_RTOL`). Which cases need the spread depends on the
+  CPU's rounding (its SIMD width: AVX-512 or AVX2).
 
 The PyTorch side trains what the ONNX file computes (:func:`torch_reference`). The
 default exporter folds every ``Conv -> BatchNormalization`` pair into the convolution
@@ -61,6 +70,8 @@ FORWARD_RTOL = 1e-4
 LOSS_RTOL = 1e-4
 #: ... that is, where PyTorch's float32 losses are within this of its float64 losses
 TORCH_EXACT = 1e-5
+#: PyTorch float32 runs from weights one ulp apart, where one run is no measure
+SPREAD_RUNS = 15
 #: exporter id -> ``torch.onnx.export`` keyword arguments (dynamo is torch's default)
 EXPORTERS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -363,7 +374,7 @@ LM_FORMS: dict[str, Family] = {
 
 #: (family or LM form key, exporter or "*", check or "*") -> why it fails today. The
 #: tests mark these cases ``xfail(strict=True)``: a case that starts passing fails the
-#: suite until its entry is removed.
+#: suite until its entry is removed (except :data:`LOTTERY`'s).
 _FOLDED = (
     "torch's default exporter (optimize=True) folds and copies parameters into new "
     "initializers (transposed weights, a class token expanded to the batch, position "
@@ -380,7 +391,10 @@ _F32 = (
     "after it within 1.4x of PyTorch's error, every one before it 2000-8000x), and "
     "mobilenet_v2's and shufflenet_v2's step-2 losses are as close to float64 as "
     "PyTorch's (1.4e-6 / 2.2e-6, 3.4e-7 / 2.6e-7) before step 3 amplifies them; over "
-    "several batches, tests/models/test_float32_accuracy.py holds dfdl within 2x"
+    "several batches, tests/models/test_float32_accuracy.py holds dfdl within 2x. Not "
+    "strict: on an AVX2 CPU (2026-11-28) these cases pass against PyTorch's float32 spread "
+    "(SPREAD_RUNS); they failed on the AVX-512 CPU of 2026-11-27 against one PyTorch "
+    "float32 run, and were not tried there against the spread"
 )
 XFAIL: dict[tuple[str, str, str], str] = {
     ("convnext", "default", "train"): _FOLDED,
@@ -399,6 +413,8 @@ XFAIL: dict[tuple[str, str, str], str] = {
     ("densenet", "optimize_false", "train"): _F32,
     ("shufflenet_v2", "default", "train"): _F32,
 }
+#: XFAIL cases whose outcome depends on the CPU's rounding: marked xfail without strict
+LOTTERY = {k for k, v in XFAIL.items() if v is _F32}
 #: XFAIL cases not run in the tests (they are structural; bench/model_families.py runs them)
 NOT_RUN = {k for k, v in XFAIL.items() if v is _FOLDED or k[0] == "efficientnet"}
 
@@ -593,6 +609,24 @@ def torch_losses(module, family: Family, X, y, dtype) -> list[float]:
     return losses
 
 
+def torch_spread(module, family: Family, X, y, runs: int = SPREAD_RUNS) -> list[list[float]]:
+    """The per-step losses of ``runs`` float32 runs of :func:`torch_losses`, each from
+    the weights of ``module`` multiplied elementwise by ``1 + 2**-23`` or ``1 - 2**-23``
+    (seeded signs): what float32 rounding alone makes of the same training."""
+    import torch
+
+    out = []
+    for k in range(1, runs + 1):
+        m = copy.deepcopy(module)
+        g = torch.Generator().manual_seed(k)
+        with torch.no_grad():
+            for p in m.parameters():
+                sign = torch.randint(0, 2, p.shape, generator=g).to(p.dtype) * 2 - 1
+                p.mul_(1 + sign * 2.0**-23)
+        out.append(torch_losses(m, family, X, y, torch.float32))
+    return out
+
+
 def _rel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.max(np.abs(a - b) / np.abs(b)))
@@ -655,18 +689,27 @@ def check_training(module, family: Family, exporter: str, client) -> dict[str, A
         "dfdl_s": t1 - t0,
         "torch_s": t2 - t1,
     }
-    fig["ok"] = all(_step_ok(d, a, b) for d, a, b in zip(got, t32, t64, strict=True))
+    fig["ok"] = all(_step_ok(d, a, [b]) for d, a, b in zip(got, t64, t32, strict=True))
+    if not fig["ok"]:  # one float32 run is no measure where rounding decides ties
+        spread = [t32, *torch_spread(ref, family, X, y)]
+        fig["torch32_spread"] = spread
+        fig["ok"] = all(
+            _step_ok(d, a, [run[i] for run in spread])
+            for i, (d, a) in enumerate(zip(got, t64, strict=True))
+        )
     return fig
 
 
-def _step_ok(dfdl_loss: float, torch32: float, torch64: float) -> bool:
-    """One step's criterion (module docstring): within :data:`LOSS_RTOL` of PyTorch's
-    float32 loss where that is within :data:`TORCH_EXACT` of float64; otherwise no
-    further from float64 than PyTorch's float32 loss, give or take :data:`LOSS_RTOL`
+def _step_ok(dfdl_loss: float, torch64: float, torch32: list[float]) -> bool:
+    """One step's criterion (module docstring), against PyTorch's float32 runs
+    ``torch32`` (the first from the reference's own weights): within :data:`LOSS_RTOL`
+    of the first where all of them are within :data:`TORCH_EXACT` of float64; otherwise
+    no further from float64 than the furthest of them, give or take :data:`LOSS_RTOL`
     (once rounding is amplified, a 1e-7 difference decides neither way)."""
-    if abs(torch32 - torch64) < TORCH_EXACT * abs(torch64):
-        return abs(dfdl_loss - torch32) <= LOSS_RTOL * abs(torch32)
-    return abs(dfdl_loss - torch64) <= abs(torch32 - torch64) + LOSS_RTOL * abs(torch64)
+    if all(abs(t - torch64) < TORCH_EXACT * abs(torch64) for t in torch32):
+        return abs(dfdl_loss - torch32[0]) <= LOSS_RTOL * abs(torch32[0])
+    furthest = max(abs(t - torch64) for t in torch32)
+    return abs(dfdl_loss - torch64) <= furthest + LOSS_RTOL * abs(torch64)
 
 
 # ------------------------------------------------------------------------ test cases
@@ -674,7 +717,8 @@ def _step_ok(dfdl_loss: float, torch32: float, torch64: float) -> bool:
 
 def cases(keys: list[str], check: str) -> list:
     """``pytest.param(key, exporter)`` for each family (or LM form) and exporter, marked
-    ``xfail(strict=True)`` with its :data:`XFAIL` reason where it fails today."""
+    ``xfail`` with its :data:`XFAIL` reason where it fails today (strict, except the
+    :data:`LOTTERY` cases)."""
     import pytest
 
     out = []
@@ -682,7 +726,8 @@ def cases(keys: list[str], check: str) -> list:
         for exporter in EXPORTERS:
             reason = xfail_reason(key, exporter, check)
             run = (key, exporter, check) not in NOT_RUN
-            marks = [pytest.mark.xfail(strict=True, run=run, reason=reason)] if reason else []
+            strict = (key, exporter, check) not in LOTTERY
+            marks = [pytest.mark.xfail(strict=strict, run=run, reason=reason)] if reason else []
             out.append(pytest.param(key, exporter, id=f"{key}-{exporter}", marks=marks))
     return out
 
