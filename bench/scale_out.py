@@ -8,8 +8,12 @@ workers: numba's compilation, imports); the step time is the task stream's span 
 steps after the first of the second call (as ``bench/run.py`` measures it). Arms:
 
 * ``one``: one process, a thread per core (the reference);
-* ``shares``: N processes, the engine's defaults (each worker's share of a step as one
-  task, values passed between workers directly: :mod:`dfdl.taskgraph.exchange`);
+* ``shares``: N processes, the engine's defaults (each worker's share of a submitted
+  group of steps as one task, values passed between workers directly, the updated
+  weights too: :mod:`dfdl.taskgraph.exchange`);
+* ``step-shares``: N processes, a share per worker and step
+  (``GraphOptions(steps_per_task=1)``: the updated weights pass through Dask between
+  steps), the default before;
 * ``stages``: N processes, a task per worker and stage (``GraphOptions(exchange=False)``);
 * ``tiles``: N processes, a task per tile (``GraphOptions(worker_tasks=False)``), what
   several processes ran before.
@@ -40,6 +44,7 @@ from dfdl.taskgraph.optimize import GraphOptions  # noqa: E402
 ARMS = {
     "one": None,
     "shares": GraphOptions(),
+    "step-shares": GraphOptions(steps_per_task=1),
     "stages": GraphOptions(exchange=False),
     "tiles": GraphOptions(worker_tasks=False),
 }

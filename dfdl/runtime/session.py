@@ -603,8 +603,14 @@ class _Run:
         self.graph_options = cfg.engine.graph
         if workers.device == "gpu":  # steps of milliseconds: one task per submitted group
             self.graph_options = replace(
-                self.graph_options, steps_per_task=cfg.unroll, programs=True
+                self.graph_options,
+                steps_per_task=self.graph_options.steps_per_task or cfg.unroll,
+                programs=True,
             )
+        elif self.graph_options.steps_per_task is None and workers.processes > 1:
+            # one share per worker of a submitted group: a step's layers start on a worker
+            # once their weights are updated, not once the previous step ended everywhere
+            self.graph_options = replace(self.graph_options, steps_per_task=cfg.unroll)
         #: compiled step groups by shape (dfdl.taskgraph.program), kept across attempts
         self.programs = {} if self.graph_options.programs else None
         self.tg = self.first.tg

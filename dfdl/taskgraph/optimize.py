@@ -60,8 +60,13 @@ class GraphOptions:
         inline_data: data nodes run inside the tasks that read them.
         pack: large task bodies are pickled once when the graph is built.
         steps_per_task: with step tasks, the consecutive steps (``s // steps_per_task``
-            alike) that run as one task: on a GPU worker, whose steps take milliseconds,
-            a step task per step would wait for a scheduler round trip between steps.
+            alike) that run as one task (None: ``dfdl.train`` takes its ``unroll`` on a
+            GPU worker and on several processes, else 1): on a GPU worker, whose steps
+            take milliseconds, a step task per step would wait for a scheduler round trip
+            between steps;
+            on several worker processes exchanging directly, one share per worker of
+            those steps, so a worker starts the next step's layers as soon as their
+            weights are updated, not once the previous step ended everywhere.
         worker_tasks: on several worker processes, each worker's share of a step
             (:mod:`dfdl.taskgraph.partition`) runs as one task per stage between
             exchanges with the other workers (:func:`~dfdl.taskgraph.step_tasks.group_steps`
@@ -81,7 +86,7 @@ class GraphOptions:
     gangs: bool = True
     inline_data: bool = True
     pack: bool = True
-    steps_per_task: int = 1
+    steps_per_task: int | None = None
     worker_tasks: bool = True
     exchange: bool = True
     programs: bool = False
@@ -135,10 +140,7 @@ def optimize(
             grouped = step_tasks.group_steps(
                 dsk,
                 keep=keep,
-                name=lambda s: (
-                    task_name(step_tasks.STEP_NAME, token),
-                    s - s % max(1, options.steps_per_task),
-                ),
+                name=_group_name(dsk, token, options.steps_per_task),
                 weight=_task_memory(plans, token),
                 budget=_step_budget(plans),
             )
@@ -147,17 +149,20 @@ def optimize(
             placed, place = partition.replicate_merges(
                 dsk, keep, partition.tile_parts(plans, token, len(threads)), tiny
             )
+            direct = peers if max(threads) == 1 else None
+            # direct exchange only: with stages, two steps' shares would form cycles
+            per_task = options.steps_per_task if direct else 1
             grouped = step_tasks.group_steps(
                 placed,
                 keep=keep,
-                name=lambda s: (task_name(step_tasks.STEP_NAME, token), s),
+                name=_group_name(placed, token, per_task),
                 weight=_task_memory(plans, token),
                 budget=None if budget is None else budget * len(threads),
                 place=place,
                 parts=len(threads),
                 strip=lambda k: partition.stripped(k, token),
                 serial=max(threads) == 1,
-                peers=peers if max(threads) == 1 else None,
+                peers=direct,
             )
         if grouped is not None:
             dsk = grouped
@@ -176,6 +181,28 @@ def optimize(
     if options.pack:
         dsk = pack_bodies(dsk)
     return dsk
+
+
+def _group_name(dsk: Mapping, token: str, per_task: int | None) -> Callable:
+    """The key name of step ``s``'s task: ``(f"train-step-{token}", first)``, ``first``
+    the first step of its group of ``per_task`` consecutive steps, counted from the
+    submission's first step (a submission may start anywhere: after a checkpoint, a
+    validation; two submissions' groups never share a key).
+
+    Example:
+        >>> name = _group_name({("a", 5, 0): None, ("a", 6, 0): None}, "ab12cd34", 4)
+        >>> name(5), name(8), name(9)
+        (('train-step-ab12cd34', 5), ('train-step-ab12cd34', 5), ('train-step-ab12cd34', 9))
+    """
+    per_task = max(1, per_task or 1)
+    first = min(
+        (k[1] for k in dsk if isinstance(k, tuple) and len(k) > 1 and type(k[1]) is int),
+        default=0,
+    )
+    return lambda s: (
+        task_name(step_tasks.STEP_NAME, token),
+        s - (s - first) % per_task,
+    )
 
 
 def _node_tasks(plans: list[StepPlan], token: str, pick: Callable) -> Callable:

@@ -101,6 +101,9 @@ def group_steps(
             members run one after another in one order common to all workers, sending
             what another worker's members read straight to that worker
             (:mod:`dfdl.taskgraph.exchange`, :func:`run_exchange`); stages otherwise.
+            Steps that ``name`` gives the same key run as one share per worker, and
+            what a worker reads from another's earlier step of the group (an updated
+            weight) passes directly too, so no step waits for the whole previous one.
         serial: run each task's members one after another on its thread
             (:func:`run_serial`: workers of one thread, where a helper thread would
             take turns with another process's kernels) instead of :func:`run_local`.
@@ -144,9 +147,13 @@ def group_steps(
             for m in ms
         }
 
-    def peer(m, r):  # r reads m from another worker's task of the same step
+    def peer(m, r):  # r reads m from another worker's task of the same steps
         return (
-            direct and m in slot and r in slot and slot[r] != slot[m] and step_of[r] == step_of[m]
+            direct
+            and m in slot
+            and r in slot
+            and slot[r] != slot[m]
+            and slot[r][:-2] == slot[m][:-2]
         )
 
     # what passes between workers directly is no dependency of the step's tasks
@@ -222,7 +229,7 @@ def group_steps(
             _data_producer=any(t.data_producer for t in tasks),
         )
     if direct:
-        _anchor_silent(out, groups, keep, step_of, slot)
+        _anchor_silent(out, groups, keep, slot)
     return out
 
 
@@ -263,16 +270,16 @@ def _only(value, parts):
     return type(value)(v if i in parts else None for i, v in enumerate(value))
 
 
-def _anchor_silent(out: dict, groups: Mapping, keep: set, step_of: Mapping, slot: Mapping):
-    """Make a requested value of each step wait for the step's tasks whose values no task
-    reads (a worker's share that only sends): Dask would drop a task nothing needs,
-    and their errors reach the caller this way."""
+def _anchor_silent(out: dict, groups: Mapping, keep: set, slot: Mapping):
+    """Make a requested value of each step (or group of steps) wait for its tasks whose
+    values no task reads (a worker's share that only sends): Dask would drop a task
+    nothing needs, and their errors reach the caller this way."""
     silent: dict = {}
     for g, (_, exports) in groups.items():
         if not exports:
-            silent.setdefault(g[-3], []).append(g)
+            silent.setdefault(g[:-2], []).append(g)
     for s, gs in silent.items():
-        anchors = sorted((m for m in keep if step_of.get(m) == s), key=str)
+        anchors = sorted((m for m in keep if m in slot and slot[m][:-2] == s), key=str)
         if not anchors:
             continue
         m = anchors[0]

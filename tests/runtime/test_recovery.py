@@ -183,8 +183,9 @@ def test_too_many_losses_stop_with_a_training_error(cluster, monkeypatch):
 
 class PoisonTask(SchedulerPlugin):
     """Kills the worker of every attempt at one task: ``node`` at ``step``, any run, or
-    the step's task that runs it when a replay finds one worker process (the other one
-    restarting: ``dfdl.taskgraph.step_tasks``)."""
+    the step's task that runs it (when a replay finds one worker process, the other one
+    restarting: ``dfdl.taskgraph.step_tasks``; on two, each worker's share of the group
+    of steps that ``step`` starts)."""
 
     def __init__(self, scheduler, node: str, step: int):
         self.scheduler, self.node, self.step, self.kills = scheduler, node, step, 0
@@ -207,7 +208,8 @@ def test_task_that_kills_its_workers_stops_with_a_training_error(cluster, monkey
     cl, client, _reference, _tasks = cluster
     client.wait_for_workers(2, timeout=60)
     monkeypatch.setattr(sys.modules["dfdl.runtime.session"], "MAX_ROLLBACKS", 1)
-    plugin = PoisonTask(cl.scheduler, "layers.1.relu-fwd", step=1)
+    # step 2: a group's first step (unroll=2), so also its shares' key on two workers
+    plugin = PoisonTask(cl.scheduler, "layers.1.relu-fwd", step=2)
     cl.scheduler.add_plugin(plugin, name="poison")
     before, cl.scheduler.allowed_failures = cl.scheduler.allowed_failures, 0
     try:

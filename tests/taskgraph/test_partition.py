@@ -109,6 +109,37 @@ def test_with_peers_each_worker_s_share_is_one_task_passing_values_directly():
     assert dask.threaded.get(out, KEEP, num_workers=2) == get_sync(dsk, KEEP)
 
 
+def _two_steps():
+    """Two steps of :func:`_batchnorm_like`: worker 1 updates the weight after step 0
+    (from the merge), and both workers' step-1 tiles read the update."""
+    dsk = _batchnorm_like()
+    dsk[("u", 0, 1)] = _t(("u", 0, 1), operator.add, ("w", 0), ("m", 0))
+    for i in (0, 1):
+        dsk[("x", 1, i)] = DataNode(("x", 1, i), float(i + 5))
+        dsk[("a", 1, i)] = _t(("a", 1, i), operator.mul, ("x", 1, i), ("u", 0, 1))
+    dsk[("loss", 1)] = _t(("loss", 1), operator.add, ("a", 1, 0), ("a", 1, 1))
+    return dsk
+
+
+def test_steps_named_alike_run_as_one_share_per_worker_passing_updates_directly():
+    dsk = _two_steps()
+    keep = [("loss", 0), ("loss", 1)]
+    out = group_steps(
+        dsk, keep=keep, name=lambda s: ("step", s - s % 2),
+        place=lambda k: k[2] if k[0] in ("a", "c", "u") else None,
+        parts=2, strip=str, peers=("w0", "w1"),
+    )  # fmt: skip
+    groups = {k: v for k, v in out.items() if getattr(v, "func", None) is run_exchange}
+    assert sorted(groups) == [("step", 0, 0, 0), ("step", 0, 1, 0)]
+    members = {g: {t.key for t in v.args[0]} for g, v in groups.items()}
+    # worker 0 runs its tiles of both steps, and takes worker 1's update as a value sent
+    assert {("a", 0, 0), ("a", 1, 0)} <= members[("step", 0, 0, 0)]
+    assert ("u", 0, 1) in members[("step", 0, 0, 0)] & members[("step", 0, 1, 0)]
+    for g, node in groups.items():
+        assert not node.dependencies & set(groups), g
+    assert dask.threaded.get(out, keep, num_workers=2) == get_sync(dsk, keep)
+
+
 def _two_outputs(x):
     return Outputs((np.full(1000, x), x + 1.0))
 
