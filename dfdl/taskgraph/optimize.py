@@ -59,14 +59,14 @@ class GraphOptions:
         gangs: on one worker process, gangs and chains where a step cannot be one task.
         inline_data: data nodes run inside the tasks that read them.
         pack: large task bodies are pickled once when the graph is built.
-        steps_per_task: with step tasks, the consecutive steps (``s // steps_per_task``
-            alike) that run as one task (None: ``dfdl.train`` takes its ``unroll`` on a
-            GPU worker and on several processes, else 1): on a GPU worker, whose steps
-            take milliseconds, a step task per step would wait for a scheduler round trip
-            between steps;
-            on several worker processes exchanging directly, one share per worker of
-            those steps, so a worker starts the next step's layers as soon as their
-            weights are updated, not once the previous step ended everywhere.
+        steps_per_task: with step tasks, how many consecutive steps of a submission
+            (from its first step on) run as one task (None: ``dfdl.train`` takes its
+            ``unroll`` on a GPU worker and on several processes, else 1): on a GPU
+            worker, whose steps take milliseconds, a step task per step would wait for a
+            scheduler round trip between steps; on several worker processes exchanging
+            directly, one share per worker of those steps, so a worker starts the next
+            step's layers as soon as their weights are updated, not once the previous
+            step ended everywhere.
         worker_tasks: on several worker processes, each worker's share of a step
             (:mod:`dfdl.taskgraph.partition`) runs as one task per stage between
             exchanges with the other workers (:func:`~dfdl.taskgraph.step_tasks.group_steps`
