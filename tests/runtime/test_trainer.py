@@ -91,17 +91,25 @@ def _fail(x):
     raise ValueError(f"tile {x} failed")
 
 
-def test_the_first_failed_task_raises_without_waiting_for_the_others(client):
+def _hold(path: str, limit: float = 60.0) -> str:
+    deadline = time.monotonic() + limit  # bounded: a gather that waits for it still ends
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return path
+
+
+def test_the_first_failed_task_raises_without_waiting_for_the_others(client, tmp_path):
     """A share that fails (its worker lost) while another waits for its values: the
     error comes at once, so the recovery can replay, not after the other's timeout."""
-    slow = client.submit(_sleep_long, 1, pure=False)
+    go = tmp_path / "go"
+    slow = client.submit(_hold, str(go), pure=False)  # runs until the test ends it
     failed = client.submit(_fail, 2, pure=False)
-    t0 = time.monotonic()
     try:
         with pytest.raises(ValueError, match="tile 2 failed"):
             gather_watching(client, [slow, failed], poll=0.1, give_up=30)
-        assert time.monotonic() - t0 < 20
+        assert not slow.done()  # raised while the other still ran
     finally:
+        go.touch()  # the worker's thread is free again for the next tests
         client.cancel([slow, failed])
 
 
