@@ -5,7 +5,6 @@ one; without it, it does (so the test can fail)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import pytest
@@ -13,11 +12,7 @@ from dask.task_spec import Task
 
 from dfdl.runtime import pinning, submit, worker_setup
 from dfdl.taskgraph.step_tasks import run_exchange
-
-
-def _hold(path: str) -> None:
-    while not os.path.exists(path):
-        time.sleep(0.02)
+from tests.taskgraph.test_exchange import _hold
 
 
 def _stealable(key, dask_scheduler=None) -> bool:

@@ -18,6 +18,7 @@ from dfdl.errors import TrainingError
 from dfdl.ops.registry import TensorType
 from dfdl.runtime.cluster import transfer_budget
 from dfdl.runtime.trainer import ClusterState, gather_watching
+from tests.taskgraph.test_exchange import _hold
 
 
 def test_scatter_and_gather_in_batches_round_trip(tmp_path):
@@ -89,13 +90,6 @@ def test_gather_gives_up_on_workers_paused_for_memory(paused_client):
 
 def _fail(x):
     raise ValueError(f"tile {x} failed")
-
-
-def _hold(path: str, limit: float = 60.0) -> str:
-    deadline = time.monotonic() + limit  # bounded: a gather that waits for it still ends
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return path
 
 
 def test_the_first_failed_task_raises_without_waiting_for_the_others(client, tmp_path):

@@ -99,9 +99,13 @@ def test_a_share_whose_worker_was_lost_raises_and_fails_what_it_owed(client):
     assert time.monotonic() - t0 < 10
 
 
-def _hold(path: str) -> None:
-    while not os.path.exists(path):
+def _hold(path: str, limit: float = 60.0) -> str:
+    """A task that runs until ``path`` exists (at most ``limit`` s, so a test that
+    waits for it still ends)."""
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.02)
+    return path
 
 
 def _steal(key: str, victim: str, thief: str, dask_scheduler=None) -> str:
