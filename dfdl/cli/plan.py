@@ -97,11 +97,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         >>> main(["plan", "mlp.onnx", "--batch-size", "64"])  # doctest: +SKIP
         0
     """
-    import dask
-
     import dfdl
     from dfdl.errors import ConfigError
     from dfdl.ir.bind import bind
+    from dfdl.plan.scoped_config import scoped_config
     from dfdl.plan.tiling import make_plan
     from dfdl.runtime.cluster import parse_memory
 
@@ -109,7 +108,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     types = input_types(graph, args.batch_size, args.dims)
     workers = plan_workers(args.workers, parse_memory(args.memory_limit, "--memory-limit"))
     lines = []
-    with dask.config.set(dict(workers.thresholds)):  # the thresholds of dfdl's clusters
+    with scoped_config(workers.thresholds):  # the thresholds of dfdl's clusters
         if args.training:
             lines, plan = _training_plan(args, graph, types, workers)
         elif args.recompute:

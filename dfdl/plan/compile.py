@@ -33,13 +33,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import dask
-
 from dfdl.errors import ConfigError, MemoryPlanError, PlanError
 from dfdl.ir.bind import bind
 from dfdl.ir.graph import Graph
 from dfdl.ops.registry import TensorType
 from dfdl.plan.estimate import DASK_TARGET, MemoryEstimate, estimate_memory
+from dfdl.plan.scoped_config import config_get, scoped_config
 from dfdl.plan.tiling import Plan, make_plan
 from dfdl.training.graph import TrainingGraph, build_training_graph
 from dfdl.training.passes.recompute import MODES, choose
@@ -222,15 +221,15 @@ def training_plan(tg: TrainingGraph, tiles, workers: Workers) -> StepPlan:
     Example:
         >>> sp = training_plan(tg, None, Workers(cores=2))  # doctest: +SKIP
     """
-    with dask.config.set(dict(workers.thresholds)):
+    with scoped_config(workers.thresholds):
         tg, plan = plan_training(tg, tiles, cores=workers.cores, memory_limit=workers.memory_limit)
     return StepPlan(tg, plan)
 
 
 def estimate(sp: StepPlan, workers: Workers) -> MemoryEstimate:
     """The plan's memory estimate on ``workers``, at their spill target."""
-    with dask.config.set(dict(workers.thresholds)):
-        target = dask.config.get("distributed.worker.memory.target", None)
+    with scoped_config(workers.thresholds):
+        target = config_get("distributed.worker.memory.target", None)
     return estimate_memory(
         sp.plan,
         workers=workers.processes,
@@ -259,7 +258,7 @@ def choose_variant(
     """
     if memory not in MODES:
         raise ConfigError(f"memory must be one of {', '.join(map(repr, MODES))}, not {memory!r}")
-    with dask.config.set(dict(workers.thresholds)):
+    with scoped_config(workers.thresholds):
         sp = _memory_mode(sp, memory, workers, speeds)
     if sp.tg.recomputed:
         return sp
@@ -347,5 +346,5 @@ def inference_plan(
     """
     workers = workers or Workers()
     bound = bind(graph, input_types, values=values)
-    with dask.config.set(dict(workers.thresholds)):
+    with scoped_config(workers.thresholds):
         return make_plan(bound, tiles, cores=workers.cores, memory_limit=workers.memory_limit)

@@ -31,8 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import dask
 from dask.utils import parse_bytes
+
+from dfdl.plan.scoped_config import config_get
 
 #: Dask's default ``distributed.worker.memory.target``
 DASK_TARGET = 0.6
@@ -69,19 +70,19 @@ def process_limited() -> bool:
         False
     """
     keys = ("spill", "pause", "terminate")
-    return any(dask.config.get(f"distributed.worker.memory.{k}", 0.9) for k in keys)
+    return any(config_get(f"distributed.worker.memory.{k}", 0.9) for k in keys)
 
 
 def managed_target() -> float:
     """Dask's ``distributed.worker.memory.target`` (share of the limit kept in memory)."""
-    t = dask.config.get("distributed.worker.memory.target", DASK_TARGET)
+    t = config_get("distributed.worker.memory.target", DASK_TARGET)
     return float(t) if t else 1.0
 
 
 def spill_threshold() -> float:
     """Share of the limit where Dask spills on process memory (``...memory.spill``; the
     managed target when that is off)."""
-    s = dask.config.get("distributed.worker.memory.spill", DASK_SPILL)
+    s = config_get("distributed.worker.memory.spill", DASK_SPILL)
     return float(s) if s else managed_target()
 
 
@@ -95,7 +96,7 @@ def start_line() -> float:
         ...     start_line()
         0.8
     """
-    pause = dask.config.get("distributed.worker.memory.pause", 0.8)
+    pause = config_get("distributed.worker.memory.pause", 0.8)
     return max(spill_threshold(), float(pause)) if pause else spill_threshold()
 
 
@@ -111,7 +112,7 @@ def worker_footprint() -> int:
     """
     if not process_limited():
         return 0
-    value = dask.config.get("dfdl.memory.worker-footprint", None)
+    value = config_get("dfdl.memory.worker-footprint", None)
     if value is None:
         return DEFAULT_FOOTPRINT
     return int(parse_bytes(value) if isinstance(value, str) else value)

@@ -19,10 +19,13 @@ Measurements: ``docs/design/submit.md``.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
 
 import dask
+
+_QUIET = threading.Lock()
 
 
 def _expression(dsk: Mapping, workers: Mapping | None = None):
@@ -87,5 +90,15 @@ def get(
         [2]
     """
     graph = _expression(dsk, workers)
-    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 TiB"}):
-        return client.get(graph, list(keys), sync=sync, resources=resources)
+    # dask.config.set is process-wide: blocks that overlap in two threads (trials of
+    # dfdl.tune) restore out of order and leave the value set, so they take turns and
+    # hold it only while the graph is sent, not while it runs
+    with _QUIET, dask.config.set({"distributed.admin.large-graph-warning-threshold": "1 TiB"}):
+        futures = client.get(graph, list(keys), sync=False, resources=resources)
+    if not sync:
+        return futures
+    try:
+        return client.gather(futures)
+    finally:
+        for f in futures:
+            f.release()

@@ -58,3 +58,37 @@ def test_no_large_graph_warning_for_embedded_tiles(client, recwarn):
         assert not [w for w in recwarn if "large graph" in str(w.message)]
         with pytest.warns(UserWarning, match="large graph"):  # the check can fail
             client.get(dsk, ["large-s"], sync=True)
+
+
+def _sleep_then(seconds, x):
+    import time
+
+    time.sleep(seconds)
+    return x
+
+
+def test_two_threads_submitting_at_once_leave_the_config_as_it_was(client):
+    """Overlapping dask.config.set blocks in two threads restore out of order: a waiting
+    get that held the quiet threshold while its graph ran left it set for good."""
+    import threading
+    import time
+
+    import dask
+
+    key = "distributed.admin.large-graph-warning-threshold"
+    before = dask.config.get(key)
+    results = {}
+
+    def run(name, seconds):
+        dsk = {name: Task(name, _sleep_then, seconds, name)}
+        results[name] = submit.get(client, dsk, [name], sync=True)
+
+    first = threading.Thread(target=run, args=("quiet-first", 1.0))
+    first.start()
+    time.sleep(0.3)  # the first one's graph is sent and runs while the second starts
+    second = threading.Thread(target=run, args=("quiet-second", 2.0))
+    second.start()
+    for t in (first, second):
+        t.join(60)
+    assert results == {"quiet-first": ["quiet-first"], "quiet-second": ["quiet-second"]}
+    assert dask.config.get(key) == before

@@ -131,15 +131,16 @@ def test_an_interrupted_gather_cancels_its_futures(client):
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
+    keys = [f.key for f in futures]  # the session's cluster may hold other tests' keys
     deadline = time.monotonic() + 30
-    while client.run_on_scheduler(_scheduler_tasks) and time.monotonic() < deadline:
+    while client.run_on_scheduler(_known, keys) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert client.run_on_scheduler(_scheduler_tasks) == 0
+    assert client.run_on_scheduler(_known, keys) == []
     assert all(f.cancelled() for f in futures)
 
 
-def _scheduler_tasks(dask_scheduler) -> int:
-    return len(dask_scheduler.tasks)
+def _known(keys, dask_scheduler) -> list:
+    return [k for k in keys if k in dask_scheduler.tasks]
 
 
 def train_tiny_mlp(client):

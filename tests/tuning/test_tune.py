@@ -34,9 +34,17 @@ optuna = pytest.importorskip("optuna")
 
 @pytest.fixture(scope="module")
 def two_runs(client, tmp_path_factory):
+    import copy
+
+    import dask
+
+    config = copy.deepcopy(dask.config.get("distributed"))
     d = tmp_path_factory.mktemp("tune")
     four = study(client, f"sqlite:///{d / 'four.db'}", d / "four", concurrency=4)
     one = study(client, f"sqlite:///{d / 'one.db'}", d / "one", concurrency=1)
+    # trials that plan and submit in threads at once leave no setting behind (the
+    # workers' thresholds once stayed, and clusters started later paused at spill)
+    assert dask.config.get("distributed") == config
     return four, one, d
 
 
