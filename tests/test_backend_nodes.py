@@ -55,6 +55,10 @@ EXCLUDED_UNEVEN = {
     # partial results are rounded to float16 per tile; 1-ulp differences (up to 1.8e-3
     # relative) at a few elements exceed the suite's rtol of 1e-3
     r"^test_attention_4d.*fp16_expanded": "float16 partial sums per tile, 1 ulp",
+    # a function op's expansion: every op of its body runs at the uneven tiling in its
+    # own node tests and the registry's (tests/ops/test_registry.py), the expansion at
+    # the automatic tiling above; at the uneven one they took 312 of CI's 3989 test-seconds
+    r"_expanded(_ver\d+)?_cpu$": "the body's ops run uneven in their own tests",
 }
 
 

@@ -5,7 +5,8 @@ letters. :func:`make_plan` gives every letter a chunking (tuple of chunk sizes, 
 dask) and returns a :class:`Plan`:
 
 * ``tiles="uneven"`` (for tests): every letter axis of size >= 3 gets uneven chunks
-  (``5 -> (3, 1, 1)``), so every tile rule is exercised off the easy path;
+  (``5 -> (3, 1, 1)``), so every tile rule is exercised off the easy path, up to
+  :data:`UNEVEN_MAX_TASKS` tasks per node (the node's later letters stay whole);
 * a dict ``{"batch": b, "model": m}``: axes descending from a graph input's axis 0 are
   split into ``b`` chunks, axes indexed by a weight (features, channels) into ``m``;
 * ``None``: automatic, from the batch size, the tensor sizes and the cluster's cores.
@@ -77,6 +78,11 @@ def even_chunks(size: int, parts: int) -> tuple[int, ...]:
     parts = max(1, min(parts, size)) if size else 1
     q, r = divmod(size, parts)
     return tuple(q + 1 if i < r else q for i in range(parts))
+
+
+#: ``tiles="uneven"``: the most tasks of one node (3 chunks on each of 5 letters); the
+#: letters past it stay whole, so that a rank-7 tensor is not 3**7 tiles
+UNEVEN_MAX_TASKS = 243
 
 
 def uneven_chunks(size: int) -> tuple[int, ...]:
@@ -322,6 +328,17 @@ def _letter_sizes(node: Node, spec: TileSpec, graph: Graph) -> dict[str, int]:
                     f"{prev} and {d}"
                 )
     return sizes
+
+
+def _cap_uneven(letters: dict[str, tuple[int, ...]]) -> None:
+    """Keep whole the letters past :data:`UNEVEN_MAX_TASKS` tasks of one node, in the
+    order its inputs, then its outputs, name them."""
+    tasks = 1
+    for ch, chunks in letters.items():
+        if tasks * len(chunks) > UNEVEN_MAX_TASKS:
+            letters[ch] = (sum(chunks),)
+        else:
+            tasks *= len(chunks)
 
 
 @dataclass
@@ -604,6 +621,8 @@ def _build(graph: Graph, policy: _Policy, weights: set[str], carry: Mapping[str,
         letters: dict[str, tuple[int, ...]] = {}
         for ch, size in sizes.items():
             letters[ch] = policy.chunks(size, letter_roles[ch])
+        if policy.mode == "uneven":
+            _cap_uneven(letters)
         wide = _channels_for_batch(node, spec, graph, roles, letter_roles, policy)
         if wide is not None:
             ch, factor = wide

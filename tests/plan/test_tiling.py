@@ -18,6 +18,7 @@ from dfdl.plan.tiling import (
     MODEL_SPLIT_BYTES,
     REDUCE_FAN_IN,
     TASK_MEMORY_FRACTION,
+    UNEVEN_MAX_TASKS,
     even_chunks,
     format_table,
     format_tiles,
@@ -225,6 +226,19 @@ def test_uneven_tiling_of_the_mlp():
     assert_chunks_cover_shapes(p)
     assert p.chunks["layers.0"] == ((3, 1, 1), (16, 8, 8))
     assert p.chunks["logits"] == ((3, 1, 1), (3, 1, 1))
+
+
+def test_uneven_tiling_stops_splitting_letters_at_the_task_cap():
+    shape = (3, 5, 6, 6, 5, 3, 4)  # 3**7 = 2187 tasks if every axis split
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, shape)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    p = dfdl.plan(helper.make_model(graph), tiles="uneven")
+    assert_chunks_cover_shapes(p)
+    split = [c for c in p.chunks["y"] if len(c) > 1]
+    assert math.prod(map(len, p.chunks["y"])) <= UNEVEN_MAX_TASKS == 243
+    assert p.chunks["y"][:5] == tuple(uneven_chunks(d) for d in shape[:5])  # 3**5 tasks
+    assert p.chunks["y"][5:] == ((3,), (4,)) and len(split) == 5
 
 
 def test_automatic_tiles_follow_cores_and_size():
