@@ -63,8 +63,10 @@ def test_a_task_s_cpu_is_counted_on_the_kernels_and_nothing_twice():
     roles, wall, rates = measured["roles"], measured["wall"], measured["rates"]
     span = measured["span"]
     assert 0.55 <= roles["kernels"] <= 0.75, roles
-    # everything else only handled one task and the readings: far less than the task
-    assert roles["worker"] + roles["scheduler"] + roles["trainer"] < 0.3, roles
+    # everything else only handled one task and the readings: less than the task (the
+    # task's CPU counted twice would put another 0.55 there; a loaded CI machine made
+    # the scheduler's share of the readings 0.22 once, the worker's 0.12)
+    assert roles["worker"] + roles["scheduler"] + roles["trainer"] < 0.5, roles
     # each process counted once (the nanny lives in this process): no more CPU than
     # the span had on every core
     assert sum(roles.values()) <= wall * len(os.sched_getaffinity(0)) + 0.05, (roles, wall)
