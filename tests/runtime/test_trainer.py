@@ -107,36 +107,33 @@ def test_the_first_failed_task_raises_without_waiting_for_the_others(client, tmp
         client.cancel([slow, failed])
 
 
-def _sleep_long(x):
-    import time
-
-    time.sleep(60)
-    return x
-
-
-def test_an_interrupted_gather_cancels_its_futures(client):
+def test_an_interrupted_gather_cancels_its_futures(client, tmp_path):
     """Ctrl-C while waiting: the tasks leave the scheduler although the caller still
     holds the futures (as a pending done-callback does, until its task ends)."""
-    futures = client.map(_sleep_long, range(2))
-    deadline = time.monotonic() + 30
-    while sum(len(v) for v in client.processing().values()) < 2:  # both tasks running
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    go = tmp_path / "go"
+    futures = [client.submit(_hold, str(go), i, pure=False) for i in (30.0, 31.0)]
     try:
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            gather_watching(client, futures, poll=0.1, give_up=30)
+        deadline = time.monotonic() + 30
+        while sum(len(v) for v in client.processing().values()) < 2:  # both running
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        try:
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                gather_watching(client, futures, poll=0.1, give_up=30)
+        finally:
+            timer.cancel()
+            signal.signal(signal.SIGINT, previous)
+        keys = [f.key for f in futures]  # the session's cluster holds other tests' keys
+        deadline = time.monotonic() + 30
+        while client.run_on_scheduler(_known, keys) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.run_on_scheduler(_known, keys) == []
+        assert all(f.cancelled() for f in futures)
     finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, previous)
-    keys = [f.key for f in futures]  # the session's cluster may hold other tests' keys
-    deadline = time.monotonic() + 30
-    while client.run_on_scheduler(_known, keys) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert client.run_on_scheduler(_known, keys) == []
-    assert all(f.cancelled() for f in futures)
+        go.touch()  # the workers' threads are free again for the next tests
 
 
 def _known(keys, dask_scheduler) -> list:
