@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 
-import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -33,16 +32,9 @@ def _state(dask_worker) -> dict:
     }
 
 
-#: Dask's default memory thresholds (distributed.yaml), as fractions of the limit
-DASK_DEFAULTS = {"target": 0.6, "spill": 0.7, "pause": 0.8, "terminate": 0.95}
-
-
 @pytest.fixture
 def plain():
-    # Dask's own thresholds, whatever an earlier test of this process left in the config
-    defaults = {f"distributed.worker.memory.{k}": v for k, v in DASK_DEFAULTS.items()}
     with (
-        dask.config.set(defaults),
         LocalCluster(
             n_workers=1,
             threads_per_worker=1,
