@@ -11,8 +11,18 @@ model's output in onnxruntime is compared with numpy's forward on the trained we
 Needs about 4x ``--gib`` of memory at its peak (the model, the workers' weights and
 their update, the gathered result, numpy's reference weights) and ``--gib`` of disk.
 
+With ``--weights-dir`` the model is written to a file with external data by a child
+process, and trained from that file with ``dfdl.train(..., weights_dir=...)`` on a
+``dfdl.LocalCluster`` of ``--workers`` workers with ``--worker-memory`` each (small
+enough to make them spill): the workers read the weights from the file and write the
+trained ones, so this process (the client, and the local cluster's scheduler) should
+never hold them. Its peak resident memory is the figure (``client_peak_rss_bytes``);
+the numpy reference and onnxruntime's check run in another child process afterwards.
+Needs 3x ``--gib`` of disk beside the workers' spill.
+
 Example:
     python bench/train_large.py --gib 2.5 --json large.json
+    python bench/train_large.py --gib 4 --weights-dir --worker-memory 3GiB --json w.json
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -38,6 +49,7 @@ from save_large import WIDTH, build, peak_rss  # noqa: E402
 import dfdl  # noqa: E402
 from dfdl.ir.onnx_io import tensor_bytes  # noqa: E402
 from dfdl.plan.estimate import format_bytes  # noqa: E402
+from dfdl.runtime.output import save_model  # noqa: E402
 
 
 def weights(model: onnx.ModelProto) -> list[np.ndarray]:
@@ -89,6 +101,162 @@ def reference(
     return losses
 
 
+def _write_model(gib: float, path: str) -> int:
+    """Build the chain and save it with external data (in a child process, so that the
+    parent never holds the weights); its bytes of weights."""
+    model, _, _ = build(gib, batch="N")
+    size = tensor_bytes(model)
+    save_model(model, path, external_threshold=0)
+    return size
+
+
+def _check(model_path: str, trained: dict, saved_path: str, X, Y, batch: int, lr: float):
+    """numpy's float64 reference from the model file's initial weights, against the
+    trained weights (``.npy`` files) and the saved model in onnxruntime (a child
+    process: it holds the weights)."""
+    initial = saved_weights(model_path)
+    ws = [np.array(initial[f"w{i}"]) for i in range(len(initial))]
+    del initial
+    want = reference(ws, X, Y, batch, lr)
+    w_err = max(
+        float(np.max(np.abs(np.load(trained[f"w{i}"], mmap_mode="r") - w)) / np.max(np.abs(w)))
+        for i, w in enumerate(ws)
+    )
+    saved = saved_weights(saved_path)
+    moved = max(
+        float(np.max(np.abs(np.load(trained[k], mmap_mode="r") - v))) for k, v in saved.items()
+    )
+    del saved
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    session = ort.InferenceSession(saved_path, options, providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": X[:2]})
+    h = X[:2].astype(np.float64)
+    for w in ws:
+        h = h @ w
+    ort_err = float(np.max(np.abs(y - h)) / np.max(np.abs(h)))
+    return {
+        "reference_losses": want,
+        "weight_rel_err": w_err,
+        "saved_vs_result": moved,
+        "ort_rel_err": ort_err,
+        "check_peak_rss": peak_rss(),
+    }
+
+
+def on_workers(args, folder: str, figures: dict) -> bool:
+    """``--weights-dir``: train from the file, the weights never in this process."""
+    import multiprocessing
+
+    from distributed import Client
+
+    spawn = multiprocessing.get_context("spawn")
+    model_path = os.path.join(folder, "model.onnx")
+    t = time.perf_counter()
+    with spawn.Pool(1) as pool:
+        figures["weights_bytes"] = pool.apply(_write_model, (args.gib, model_path))
+    print(f"model written by a child process in {time.perf_counter() - t:.1f} s: {model_path}")
+    n_out = onnx.load(model_path, load_external_data=False).graph.output[0]
+    n_out = n_out.type.tensor_type.shape.dim[1].dim_value
+    X, Y = _data(args.samples, n_out)
+    figures["client_rss_before_bytes"] = _rss_bytes()
+    with (
+        dfdl.LocalCluster(args.workers, memory_limit=args.worker_memory) as cluster,
+        Client(cluster) as client,
+    ):
+        t = time.perf_counter()
+        result = _train(
+            model_path, X, Y, args, client=client, weights_dir=os.path.join(folder, "weights")
+        )
+        figures["train_s"] = time.perf_counter() - t
+        figures["client_peak_after_train_bytes"] = _peak_bytes()
+        t = time.perf_counter()
+        saved_path = os.path.join(folder, "trained.onnx")
+        files = result.save(saved_path)
+        figures["save_s"] = time.perf_counter() - t
+    figures["client_peak_rss_bytes"] = _peak_bytes()
+    losses = [float(v) for v in result.history["loss"]]
+    figures.update(
+        losses=losses,
+        spilled_bytes=int(sum(result.history["spilled_bytes"])),
+        files={f.name: os.path.getsize(f) for f in files},
+        worker_memory=args.worker_memory,
+        workers=args.workers,
+    )
+    print(
+        f"dfdl.train (weights_dir): {figures['train_s']:.1f} s, losses {losses}; workers "
+        f"spilled {format_bytes(figures['spilled_bytes'])}; result.save "
+        f"{figures['save_s']:.1f} s; client peak RSS "
+        f"{format_bytes(figures['client_peak_rss_bytes'])}"
+        f" for {format_bytes(figures['weights_bytes'])} of weights"
+    )
+    trained = {k: v.filename for k, v in result.params.items() if isinstance(v, np.memmap)}
+    del result
+    t = time.perf_counter()
+    with spawn.Pool(1) as pool:
+        check = pool.apply(
+            _check, (model_path, trained, saved_path, X, Y, args.batch_size, args.lr)
+        )
+    figures["reference_s"] = time.perf_counter() - t
+    figures.update(check)
+    want = check["reference_losses"]
+    figures["loss_rel_err"] = max(abs(a - b) / abs(b) for a, b in zip(losses, want, strict=True))
+    print(
+        f"numpy reference (child process, {figures['reference_s']:.0f} s): losses {want}; "
+        f"largest relative loss error {figures['loss_rel_err']:.2e}, weight error "
+        f"{check['weight_rel_err']:.2e}; saved vs trained {check['saved_vs_result']}; "
+        f"onnxruntime {check['ort_rel_err']:.2e}"
+    )
+    return (
+        figures["loss_rel_err"] < 1e-4
+        and check["weight_rel_err"] < 1e-5
+        and check["ort_rel_err"] < 1e-4
+        and check["saved_vs_result"] == 0.0
+        and figures["client_peak_rss_bytes"] <= 2**30
+        and figures["spilled_bytes"] > 0
+    )
+
+
+def _data(samples: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((samples, WIDTH), dtype=np.float32)
+    return X, rng.standard_normal((samples, n_out), dtype=np.float32)
+
+
+def _train(model, X, Y, args, **kw) -> dfdl.TrainResult:
+    """Plain SGD on the MSE over the samples in order, one epoch."""
+    return dfdl.train(
+        model,
+        (X, Y),
+        loss="mse",
+        optimizer=dfdl.optim.SGD(lr=args.lr),
+        batch_size=args.batch_size,
+        epochs=1,
+        shuffle=False,
+        progress=False,
+        **kw,
+    )
+
+
+def _finish(figures: dict, ok: bool, path: str | None, failure: str) -> None:
+    """Write the figures (with ``ok``) to ``path``, then fail with ``failure`` if not ok."""
+    figures["ok"] = ok
+    if path:
+        with open(path, "w") as f:
+            json.dump(figures, f, indent=1)
+    if not ok:
+        raise SystemExit(failure)
+
+
+def _peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gib", type=float, default=2.5, help="GiB of weights (default 2.5)")
@@ -96,7 +264,30 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--json", help="write the figures here")
+    p.add_argument(
+        "--weights-dir",
+        action="store_true",
+        help="train from the file with weights_dir: the weights never in this process",
+    )
+    p.add_argument("--workers", type=int, default=2, help="with --weights-dir (default 2)")
+    p.add_argument("--worker-memory", default="3GiB", help="each worker's limit with --weights-dir")
     args = p.parse_args()
+    if args.weights_dir:
+        folder = tempfile.mkdtemp(prefix="dfdl-train-large-")
+        figures = {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "gib": args.gib,
+            "mode": "weights_dir",
+        }
+        try:
+            began = time.perf_counter()
+            ok = on_workers(args, folder, figures)
+            figures["total_s"] = time.perf_counter() - began
+            _finish(figures, ok, args.json, "training, saving, memory or onnxruntime off the mark")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return
     folder = tempfile.mkdtemp(prefix="dfdl-train-large-")
     figures: dict = {"machine": platform.machine(), "cpus": os.cpu_count(), "gib": args.gib}
     try:
@@ -104,24 +295,13 @@ def main() -> None:
         model, _, _ = build(args.gib, batch="N")
         n_out = model.graph.output[0].type.tensor_type.shape.dim[1].dim_value
         figures["weights_bytes"] = tensor_bytes(model)
-        rng = np.random.default_rng(1)
-        X = rng.standard_normal((args.samples, WIDTH), dtype=np.float32)
-        Y = rng.standard_normal((args.samples, n_out), dtype=np.float32)
+        X, Y = _data(args.samples, n_out)
         print(
             f"built: {len(model.graph.node)} Gemms, {format_bytes(tensor_bytes(model))} of "
             f"weights in {time.perf_counter() - t:.1f} s"
         )
         t = time.perf_counter()
-        result = dfdl.train(
-            model,
-            (X, Y),
-            loss="mse",
-            optimizer=dfdl.optim.SGD(lr=args.lr),
-            batch_size=args.batch_size,
-            epochs=1,
-            shuffle=False,
-            progress=False,
-        )
+        result = _train(model, X, Y, args)
         figures["train_s"] = time.perf_counter() - t
         losses = [float(v) for v in result.history["loss"]]
         print(f"dfdl.train: {figures['train_s']:.1f} s, losses {losses} (peak {peak_rss()})")
@@ -175,12 +355,7 @@ def main() -> None:
             f"{figures['total_s']:.0f} s in all"
         )
         ok = loss_err < 1e-4 and w_err < 1e-5 and ort_err < 1e-4 and moved == 0.0
-        figures["ok"] = ok
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(figures, f, indent=1)
-        if not ok:
-            raise SystemExit("training, saving or onnxruntime disagrees with numpy")
+        _finish(figures, ok, args.json, "training, saving or onnxruntime disagrees with numpy")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -196,6 +197,7 @@ def train(
     memory: str = "auto",
     engine: EngineOptions | None = None,
     on_epoch: Callable[[EpochEnd], bool | None] | None = None,
+    weights_dir: str | os.PathLike | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``data`` on a Dask cluster.
 
@@ -250,6 +252,15 @@ def train(
             holds the weights after that epoch (``result.stopped_epoch`` says which).
             :func:`dfdl.tune` reports to its pruner this way. It is called again for an
             epoch replayed after a rollback or a resume from an earlier checkpoint.
+        weights_dir: a folder this process and every worker can read and write (a
+            shared filesystem on a cluster): the weights then never pass through this
+            process. The workers read their tiles of a model file's external data
+            themselves, make the optimizer state's tiles, and write the trained
+            weights (and the anchors a lost worker rolls back to) into a new folder
+            in it, one ``.npy`` file per tensor; the result's ``params`` map those
+            files and its ``save`` copies them a block at a time. For models larger
+            than this process's memory (see ``docs/user/memory.md``). Not yet with
+            checkpoints or ``validation`` (a :class:`~dfdl.errors.ConfigError`).
 
     Returns:
         :class:`~dfdl.runtime.result.TrainResult`.
@@ -279,6 +290,7 @@ def train(
         memory=memory,
         engine=engine,
         on_epoch=on_epoch,
+        weights_dir=weights_dir,
     )
     return TrainingSession(model, data, config, validation).run(client)
 

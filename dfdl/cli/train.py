@@ -109,6 +109,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "(default auto: recompute only what the plan would spill and is faster to "
         "recompute)",
     )
+    p.add_argument(
+        "--weights-dir",
+        metavar="DIR",
+        help="a folder this process and every worker share: the workers read the model's "
+        "external data and write the trained weights there, never through this process "
+        "(for models larger than its memory; not with checkpoints)",
+    )
     p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="trained model")
     p.set_defaults(func=cmd_train)
     return p
@@ -154,6 +161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
             memory=args.memory,
+            weights_dir=args.weights_dir,
         ),
     )
     session.resume_point()  # the checkpoint folder and checkpoint, before a cluster starts

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -115,7 +116,9 @@ def _check_external_locations(model: onnx.ModelProto, base: Path) -> None:
             )
 
 
-def load_model(model: ModelLike, *, convert: bool = True) -> onnx.ModelProto:
+def load_model(
+    model: ModelLike, *, convert: bool = True, map_external: bool = False
+) -> onnx.ModelProto:
     """Read and check a model from a path, bytes or a ModelProto.
 
     Args:
@@ -123,10 +126,13 @@ def load_model(model: ModelLike, *, convert: bool = True) -> onnx.ModelProto:
             bytes, or an ``onnx.ModelProto``.
         convert: convert a model older than opset :data:`MIN_OPSET` to it
             (:func:`convert_opset`); with False, return it as written.
+        map_external: leave a file's external data unread: its tensors keep their
+            ``external_data`` entries, with the location made the file's absolute path
+            (:func:`mapped_location`), and :func:`to_ir` maps them read-only.
 
     Returns:
-        The checked ModelProto with external data loaded (a converted copy, which
-        :func:`converted_from` recognizes, when it was converted).
+        The checked ModelProto with external data loaded or mapped (a converted copy,
+        which :func:`converted_from` recognizes, when it was converted).
 
     Raises:
         ModelError: unreadable, truncated or invalid model, unsafe external data, or an
@@ -160,20 +166,91 @@ def load_model(model: ModelLike, *, convert: bool = True) -> onnx.ModelProto:
         _check_external_locations(proto, path.parent)
         from onnx.external_data_helper import load_external_data_for_model
 
-        try:
-            load_external_data_for_model(proto, str(path.parent.resolve()))
-        except Exception as e:  # onnx raises several types here
-            raise ModelError(f"cannot load external data of {path}: {e}") from e
+        if map_external:
+            folder = path.parent.resolve()
+        else:
+            try:
+                load_external_data_for_model(proto, str(path.parent.resolve()))
+            except Exception as e:  # onnx raises several types here
+                raise ModelError(f"cannot load external data of {path}: {e}") from e
     else:
         raise ModelError(
             f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}"
         )
     try:
-        if tensor_bytes(proto) <= LARGE_MODEL_BYTES:
+        if map_external and isinstance(model, str | os.PathLike):
+            # the file's checker finds its external data beside it, without loading it
+            onnx.checker.check_model(str(path))
+        elif tensor_bytes(proto) <= LARGE_MODEL_BYTES:
             onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as e:
         raise ModelError(f"the model fails onnx.checker: {str(e).strip()}") from e
-    return convert_opset(proto) if convert else proto
+    proto = convert_opset(proto) if convert else proto
+    if map_external and isinstance(model, str | os.PathLike):
+        _map_locations(proto, folder)
+    return proto
+
+
+def _map_locations(model: onnx.ModelProto, folder: Path) -> None:
+    """Make the (checked, relative) external locations of ``model`` absolute paths."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    for t in _get_all_tensors(model):
+        if uses_external_data(t):
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = str(folder / e.value)
+            where = mapped_location(t)
+            if where is not None and not os.access(where[0], os.R_OK):
+                raise ModelError(f"initializer {t.name!r}: cannot read {where[0]}")
+
+
+def mapped_location(t: onnx.TensorProto) -> tuple[str, int, int] | None:
+    """``(path, offset, length)`` of a tensor whose external data :func:`load_model`
+    left in its file (an absolute location), else None.
+
+    Example:
+        >>> mapped_location(numpy_helper.from_array(np.zeros(2, np.float32))) is None
+        True
+    """
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    info = {e.key: e.value for e in t.external_data}
+    loc = info.get("location", "")
+    if not os.path.isabs(loc):
+        return None
+    offset = int(info.get("offset", 0))
+    length = int(info["length"]) if "length" in info else raw_nbytes(t)
+    return loc, offset, length
+
+
+def tensor_array(t: onnx.TensorProto) -> np.ndarray:
+    """The value of an initializer: a read-only memory map of its file for external data
+    that :func:`load_model` left unread, else the array it holds.
+
+    Example:
+        >>> tensor_array(numpy_helper.from_array(np.ones(2, np.float32)))
+        array([1., 1.], dtype=float32)
+    """
+    where = mapped_location(t)
+    if where is None:
+        return numpy_helper.to_array(t)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+    shape = tuple(int(d) for d in t.dims)
+    path, offset, length = where
+    if length != math.prod(shape) * dtype.itemsize:
+        raise ModelError(
+            f"initializer {t.name!r}: its external data holds {length} bytes, not the "
+            f"{math.prod(shape) * dtype.itemsize} of a {dtype} tensor of shape {shape}"
+        )
+    if length == 0:
+        return np.zeros(shape, dtype)
+    if os.path.getsize(path) < offset + length:
+        raise ModelError(
+            f"initializer {t.name!r}: {path} ends before the tensor's {length} bytes at "
+            f"offset {offset}; is it truncated?"
+        )
+    return np.memmap(path, dtype, "r", offset, shape)
 
 
 def tensor_bytes(model: onnx.ModelProto) -> int:
@@ -414,7 +491,7 @@ def to_ir(model: onnx.ModelProto) -> Graph:
     )
     for t in g.initializer:
         dtype = np_dtype(t.data_type, f"initializer {t.name!r}")
-        graph.initializers[t.name] = numpy_helper.to_array(t).astype(dtype, copy=False)
+        graph.initializers[t.name] = tensor_array(t).astype(dtype, copy=False)
     for t in g.sparse_initializer:
         raise UnsupportedOpError(f"sparse initializer {t.values.name!r} is not supported")
     for vi in g.input:
@@ -468,6 +545,10 @@ def exporter_constants(model: onnx.ModelProto) -> list[str]:
     out = []
     for t in g.initializer:
         if t.name in marked or t.data_type not in _FLOAT_ELEM_TYPES:
+            continue
+        if mapped_location(t) is not None:  # a large tensor left in its file: not read here
+            if raw_nbytes(t) <= np.dtype(np.float64).itemsize:
+                out.append(t.name)
             continue
         a = numpy_helper.to_array(t)
         if a.size <= 1 or not np.all(np.abs(a) < np.finfo(a.dtype).max):

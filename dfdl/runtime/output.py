@@ -35,7 +35,7 @@ from typing import BinaryIO
 import onnx
 
 from dfdl.errors import ModelError, OutputError
-from dfdl.ir.onnx_io import LARGE_MODEL_BYTES, raw_nbytes, tensor_bytes
+from dfdl.ir.onnx_io import LARGE_MODEL_BYTES, mapped_location, raw_nbytes, tensor_bytes
 from dfdl.plan.estimate import format_bytes
 
 #: tensor bytes above which :func:`save_model` writes external data (protobuf's limit on
@@ -135,7 +135,9 @@ def save_model(
     folder = target.parent
     data_path = folder / f"{target.name}.data"
     _refuse_unloaded(proto)
-    external = tensor_bytes(proto) > external_threshold
+    mapped = _mapped_bytes(proto)
+    # tensors left in their files are copied a piece at a time, never loaded
+    external = mapped > 0 or tensor_bytes(proto) > external_threshold
     stale = not external and _uses_data_file(target, data_path)
     mode = _new_file_mode(target)
     temps: list[str] = []
@@ -182,7 +184,7 @@ def _refuse_unloaded(proto: onnx.ModelProto) -> None:
     from onnx.external_data_helper import _get_all_tensors
 
     for t in _get_all_tensors(proto):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
+        if t.data_location == onnx.TensorProto.EXTERNAL and mapped_location(t) is None:
             raise ModelError(
                 f"tensor {t.name!r} refers to external data that is not loaded; load the "
                 "model with its data (onnx.load(path) or dfdl.ir.onnx_io.load_model) first"
@@ -330,7 +332,7 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _copy_except(src, dst, skip: str) -> None:
+def copy_fields_except(src, dst, skip: str) -> None:
     """Copy every set field of message ``src`` into ``dst`` except ``skip``."""
     for fd, value in src.ListFields():
         if fd.name == skip:
@@ -347,23 +349,65 @@ def _write_external(proto: onnx.ModelProto, location: str, f: BinaryIO) -> onnx.
     """Write the large initializers of ``proto`` to ``f`` and return the model without
     their data, pointing at ``location`` (one tensor's bytes are copied at a time)."""
     shell = onnx.ModelProto()
-    _copy_except(proto, shell, "graph")
-    _copy_except(proto.graph, shell.graph, "initializer")
+    copy_fields_except(proto, shell, "graph")
+    copy_fields_except(proto.graph, shell.graph, "initializer")
     offset = 0
     for t in proto.graph.initializer:
-        if not t.HasField("raw_data") or raw_nbytes(t) < EXTERNAL_MIN_TENSOR:
+        where = mapped_location(t)
+        if where is not None and where[2] < EXTERNAL_MIN_TENSOR:
+            out = shell.graph.initializer.add()
+            copy_fields_except(t, out, "external_data")
+            out.data_location = onnx.TensorProto.DEFAULT
+            with open(where[0], "rb") as src:
+                src.seek(where[1])
+                out.raw_data = src.read(where[2])
+            continue
+        if where is None and (not t.HasField("raw_data") or raw_nbytes(t) < EXTERNAL_MIN_TENSOR):
             shell.graph.initializer.add().CopyFrom(t)
             continue
         pad = -offset % EXTERNAL_ALIGN
         f.write(b"\0" * pad)
         offset += pad
-        data = t.raw_data
-        f.write(data)
         out = shell.graph.initializer.add()
-        _copy_except(t, out, "raw_data")
+        if where is None:
+            data = t.raw_data
+            f.write(data)
+            length = len(data)
+            del data
+            copy_fields_except(t, out, "raw_data")
+        else:
+            length = _copy_range(where, f)
+            copy_fields_except(t, out, "external_data")
         out.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", location), ("offset", offset), ("length", len(data))):
+        for key, value in (("location", location), ("offset", offset), ("length", length)):
             out.external_data.add(key=key, value=str(value))
-        offset += len(data)
-        del data
+        offset += length
     return shell
+
+
+def _mapped_bytes(proto: onnx.ModelProto) -> int:
+    """Bytes of the initializers left in their files (:func:`~dfdl.ir.onnx_io.
+    mapped_location`)."""
+    return sum(
+        where[2] for t in proto.graph.initializer if (where := mapped_location(t)) is not None
+    )
+
+
+#: bytes :func:`_copy_range` holds at a time
+COPY_BLOCK = 64 * 2**20
+
+
+def _copy_range(where: tuple[str, int, int], f: BinaryIO) -> int:
+    """Copy ``length`` bytes at ``offset`` of the file ``path`` to ``f``, a block at a
+    time; the bytes copied."""
+    path, offset, length = where
+    left = length
+    with open(path, "rb") as src:
+        src.seek(offset)
+        while left:
+            block = src.read(min(COPY_BLOCK, left))
+            if not block:
+                raise OSError(f"{path} ends {left} bytes before the tensor at offset {offset}")
+            f.write(block)
+            left -= len(block)
+    return length

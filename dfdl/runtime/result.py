@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -56,6 +57,11 @@ class TrainResult:
             off where the plan recomputes or its estimate spills.
         stopped_epoch: the epoch (counted from 1) after which ``on_epoch`` stopped
             training; None when it ran to the end.
+        weights_dir: with ``weights_dir=`` (:func:`dfdl.train`), the folder where the
+            workers wrote the trained weights (one ``.npy`` file per tensor); ``params``
+            are then read-only memory maps of those files, and ``model`` refers to
+            them as external data with absolute locations (:meth:`save` copies them
+            into the saved model's data file a block at a time, never loading them).
 
     Example:
         >>> result = dfdl.train(model, data=(X, y))  # doctest: +SKIP
@@ -71,6 +77,7 @@ class TrainResult:
     rollbacks: int = 0
     fused: bool = False
     stopped_epoch: int | None = None
+    weights_dir: Path | None = None
 
     def save(self, path: str | os.PathLike) -> list[Path]:
         """Write the trained model as an ONNX file (onnxruntime runs it), atomically.
@@ -102,4 +109,32 @@ def trained_model(proto: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> o
     for t in out.graph.initializer:
         if t.name in params:
             t.CopyFrom(numpy_helper.from_array(np.asarray(params[t.name]), t.name))
+    return out
+
+
+def stored_model(proto: onnx.ModelProto, stored: Mapping[str, Any]) -> onnx.ModelProto:
+    """A copy of ``proto`` whose initializers named in ``stored`` (:class:`~dfdl.runtime.
+    stored.Stored` tensors) refer to those files as external data, with absolute
+    locations: nothing is read."""
+    from dfdl.runtime.output import copy_fields_except
+
+    out = onnx.ModelProto()
+    copy_fields_except(proto, out, "graph")
+    copy_fields_except(proto.graph, out.graph, "initializer")
+    for t in proto.graph.initializer:
+        new = out.graph.initializer.add()
+        if t.name not in stored:
+            new.CopyFrom(t)
+            continue
+        where = stored[t.name]
+        new.name = t.name
+        new.data_type = t.data_type
+        new.dims.extend(where.shape)
+        new.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (
+            ("location", os.path.abspath(where.path)),
+            ("offset", where.offset),
+            ("length", where.nbytes),
+        ):
+            new.external_data.add(key=key, value=str(value))
     return out

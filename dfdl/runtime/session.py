@@ -26,6 +26,9 @@ import gc
 import logging
 import math
 import os
+import re
+import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -74,7 +77,8 @@ from dfdl.runtime.recovery import (
     rollback_error,
     wait_for_workers,
 )
-from dfdl.runtime.result import TrainResult, trained_model
+from dfdl.runtime.result import TrainResult, stored_model, trained_model
+from dfdl.runtime.stored import Zeros
 from dfdl.runtime.trainer import (
     ClusterState,
     Constants,
@@ -169,6 +173,7 @@ class TrainConfig:
     memory: str = "auto"
     engine: EngineOptions = EngineOptions()
     on_epoch: Callable[[EpochEnd], bool | None] | None = None
+    weights_dir: Any = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs"):
@@ -201,6 +206,17 @@ class TrainConfig:
             raise ConfigError(
                 f"memory must be one of {', '.join(map(repr, MODES))}, not {self.memory!r}"
             )
+        wdir = self.weights_dir
+        if wdir is not None:
+            if not isinstance(wdir, (str, os.PathLike)) or str(wdir) == "":
+                raise ConfigError(f"weights_dir must be a folder path, not {wdir!r}")
+            if self.checkpoint_every is not None or self.resume:
+                raise ConfigError(
+                    "weights_dir cannot be combined with checkpoints yet (checkpoint_every, "
+                    "resume): a checkpoint is written from the client's memory. Train "
+                    "without weights_dir to checkpoint, or without checkpoints to keep the "
+                    "weights on the workers"
+                )
         if self.resume and self.checkpoint_dir is None:
             raise ConfigError(f"resume={self.resume!r} needs checkpoint_dir")
         if self.on_epoch is not None and not callable(self.on_epoch):
@@ -239,7 +255,8 @@ class TrainingSession:
         self.config = config
         self.validation = validation
         self.tags = dict(tags or {})
-        self.proto = load_model(model)
+        # with weights_dir the workers read the model's external data themselves
+        self.proto = load_model(model, map_external=config.weights_dir is not None)
         self.graph = to_ir(self.proto)
         self.name = _model_name(model, self.proto)
         folded = exporter_folded(self.proto)
@@ -255,6 +272,12 @@ class TrainingSession:
                 FoldedParametersWarning,
                 stacklevel=3,
             )
+        if config.weights_dir is not None and validation is not None:
+            raise ConfigError(
+                "validation cannot be combined with weights_dir yet: the validation pass "
+                "sends the weights from the client. Evaluate the saved model afterwards, "
+                "or train without weights_dir"
+            )
         self.X, self.y = split_data(data, "data")
         if len(self.graph.inputs) != 1:
             raise ConfigError(
@@ -269,6 +292,8 @@ class TrainingSession:
         self._load_s = time.perf_counter() - t_start  # counted in the run's setup time
         self._graphs: dict[int, Any] = {}
         self._resume: tuple[int, dict[str, np.ndarray] | None] | None = None
+        #: with weights_dir: this run's folder in it (made by :meth:`resume_point`)
+        self.run_dir: Path | None = None
         self._checked = False
         self._spilling: dict[int, StepPlan] = {}
         self._chosen: dict[int, StepPlan] = {}
@@ -408,6 +433,8 @@ class TrainingSession:
                 )
         if cfg.checkpoint_every is not None:
             checkpoint.prepare(cfg.checkpoint_dir)
+        if cfg.weights_dir is not None:
+            self.run_dir = _prepare_weights_dir(cfg.weights_dir, self.name)
         if found is None:
             self._resume = (0, None)
             return self._resume
@@ -541,6 +568,14 @@ class TrainingSession:
         self._resume = None  # the arrays are the anchor's now
         if resumed is not None:
             return start, resumed
+        zeros = type(cfg.optimizer).init_state is Optimizer.init_state
+        if cfg.weights_dir is not None and zeros:  # the workers read and zero their tiles
+            values = {p: self.graph.initializers[p] for p in tg.params + tg.buffers}
+            for p in tg.params:
+                for sname in tg.states[p]:
+                    t = tg.graph.types[sname]
+                    values[sname] = Zeros(tuple(t.shape), np.dtype(t.dtype).str)
+            return 0, values
         values = {p: _initial(self.graph, p) for p in tg.params + tg.buffers}
         for p in tg.params:
             for sname, v in zip(tg.states[p], cfg.optimizer.init_state(values[p])):
@@ -563,11 +598,16 @@ class TrainingSession:
             for k, v in run.validated[epoch].items():
                 history.setdefault(f"val_{k}", []).append(v)
         params = {k: final[k] for k in tg.params + tg.buffers}
+        if self.config.weights_dir is not None:  # where the workers wrote them
+            model = stored_model(self.proto, params)
+            params = {k: v.mapped() for k, v in params.items()}
+        else:
+            model = trained_model(self.proto, params)
         self.timings["total_s"] = self._load_s + time.perf_counter() - t_start
         fused = self.config.engine.graph.fuse and all(sp.fits for sp in self._chosen.values())
         return TrainResult(
             history,
-            trained_model(self.proto, params),
+            model,
             params,
             dict(self.timings),
             first.plan.tiles,
@@ -575,6 +615,7 @@ class TrainingSession:
             run.rollbacks,
             bool(self._chosen) and fused,
             run.stopped,
+            self.run_dir,
         )
 
 
@@ -701,6 +742,7 @@ class _Run:
         constants = Constants(c, place)
         anchors = AnchorPolicy()
         group: list[StepInput] = []
+        done = self.anchor.step
         for i, (step, epoch, idx) in enumerate(self.schedule):
             if step < self.anchor.step:
                 continue
@@ -728,6 +770,7 @@ class _Run:
                 device=self.workers.device,
                 programs=self.programs,
             )
+            done = step + 1
             self.collector.add(losses)
             t_wait = time.perf_counter()
             self.collector.collect(keep_last=len(losses))
@@ -764,12 +807,29 @@ class _Run:
             elif not last and anchors.due():
                 t_anchor = time.perf_counter()
                 self.collector.collect()
-                self.anchor = Anchor(step + 1, state.gather(c, tg.graph.types))
+                self.anchor = Anchor(step + 1, self.keep(state, step + 1))
                 anchors.taken(time.perf_counter() - t_anchor)
         t_wait = time.perf_counter()
         self.collector.collect(final=True)
-        out = state.gather(c, tg.graph.types)
+        out = self.keep(state, done)
         timings["wait_s"] += time.perf_counter() - t_wait
+        return out
+
+    def keep(self, state: ClusterState, step: int) -> dict[str, Any]:
+        """The carried tensors after ``step`` steps, where the client can restart from
+        them: gathered, or with ``weights_dir`` written by the workers to
+        ``<run folder>/step-<step>`` (the folder of the step before is removed)."""
+        s = self.session
+        types = self.tg.graph.types
+        if s.config.weights_dir is None:
+            return state.gather(self.client, types)
+        if step == self.anchor.step and self.anchor.step > 0:
+            return dict(self.anchor.arrays)  # already on disk (never rewrite what it reads)
+        folder = s.run_dir / f"step-{step}"
+        out = state.store(self.client, folder, types)
+        for old in s.run_dir.glob("step-*"):  # the anchor before: no longer needed
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
         return out
 
 
@@ -778,6 +838,21 @@ def _model_name(model, proto: onnx.ModelProto) -> str:
     if isinstance(model, str) or hasattr(model, "__fspath__"):
         return Path(model).stem
     return proto.graph.name or "model"
+
+
+def _prepare_weights_dir(folder, name: str) -> Path:
+    """A new folder for this run's stored weights in ``folder`` (created), checked to be
+    writable before any cluster starts."""
+    root = Path(folder).absolute()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        run = Path(tempfile.mkdtemp(prefix=f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-", dir=root))
+    except OSError as e:
+        raise ConfigError(
+            f"weights_dir {root} cannot be written ({e.strerror or e}): give a folder this "
+            "process and every worker can write (a shared filesystem on a cluster)"
+        ) from e
+    return run
 
 
 def _initial(graph, name: str) -> np.ndarray:

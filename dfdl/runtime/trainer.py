@@ -24,10 +24,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +41,7 @@ from dfdl.errors import TrainingError
 from dfdl.ops.gpu.device import to_host
 from dfdl.plan.compile import StepPlan
 from dfdl.plan.tiling import Plan
-from dfdl.runtime import submit
+from dfdl.runtime import stored, submit
 from dfdl.runtime.cluster import byte_batches, gather_budget, transfer_budget
 from dfdl.taskgraph import program
 from dfdl.taskgraph.lower import Picked, lower, new_token, split_tiles, task_name, tile_regions
@@ -76,10 +79,18 @@ class ClusterState:
     ):
         """The tiles of ``values`` in ``chunks`` scattered to the workers (to the GPU
         workers of a hybrid cluster, ``placement``), in batches of a share of the
-        workers' memory."""
-        data, where = {}, {}
+        workers' memory. Values that are :mod:`~dfdl.runtime.stored` descriptions (a
+        file's tensor, zeros) are not read here: each tile is a task that reads or makes
+        it on a worker."""
+        data, where, loads = {}, {}, {}
         token = new_token()
         for name, v in values.items():
+            source = v if stored.is_source(v) else stored.of_memmap(v)
+            if source is not None:
+                for idx, region in tile_regions(chunks[name]).items():
+                    loads[(task_name(f"{name}-init", token), *idx)] = (source, region)
+                    where[(name, idx)] = (task_name(f"{name}-init", token), *idx)
+                continue
             for idx, tile in split_tiles(np.asarray(v), chunks[name]).items():
                 key = (task_name(f"{name}-init", token), *idx)
                 data[key] = tile
@@ -99,11 +110,60 @@ class ClusterState:
                     if paused and len(paused) == len(workers):
                         raise paused_error(paused, "while the weights were sent") from None
                     raise
+        for key, (source, region) in loads.items():
+            futures[key] = client.submit(
+                stored.read_tile,
+                source,
+                region,
+                key=key,
+                pure=False,
+                workers=workers,
+                resources=(placement or {}).get("resources"),
+            )
         refs: dict[str, dict] = {n: {} for n in values}
         for (name, idx), key in where.items():
             refs[name][idx] = futures[key]
         kept = list(futures.values())
         return cls(refs, {n: chunks[n] for n in values}, kept, placement=dict(placement or {}))
+
+    def store(self, client, folder: str | os.PathLike, types) -> dict[str, stored.Stored]:
+        """The carried tensors written by the workers into one ``.npy`` file each in
+        ``folder`` (created), a tile per task, never through the client; returns where
+        they are, once every tile is on disk.
+
+        Example:
+            >>> state.store(client, "/shared/run/step-100", tg.graph.types)  # doctest: +SKIP
+            {'w': Stored(path='/shared/run/step-100/0000-w.npy', offset=128, ...)}
+        """
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        out, writes = {}, []
+        token = new_token()
+        for i, (name, tiles) in enumerate(self.refs.items()):
+            target = stored.create(
+                folder / stored_file_name(i, name), types[name].shape, types[name].dtype
+            )
+            out[name] = target
+            regions = tile_regions(self.chunks[name])
+            for idx, r in tiles.items():
+                ref = r.ref if isinstance(r, Picked) else r
+                writes.append(
+                    client.submit(
+                        stored.write_tile,
+                        ref,
+                        target,
+                        regions[idx],
+                        r.pos if isinstance(r, Picked) else None,
+                        key=(task_name(f"{name}-store", token), *idx),
+                        pure=False,
+                    )
+                )
+        try:
+            client.gather(writes)
+        finally:
+            for f in writes:
+                f.release()
+        return out
 
     def gather(self, client, types) -> dict[str, np.ndarray]:
         """The carried tensors as numpy arrays, gathered in batches of a share of each
@@ -138,6 +198,12 @@ class ClusterState:
                     out[name] = np.empty(types[name].shape, dtype=types[name].dtype)
                 out[name][regions[name][idx]] = v[r.pos] if isinstance(r, Picked) else v
         return out
+
+
+def stored_file_name(i: int, name: str) -> str:
+    """The file of the ``i``-th carried tensor, ``name``, in a folder of stored tensors
+    (ONNX names may hold any character)."""
+    return f"{i:04d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:100]}.npy"
 
 
 def _batch_sources(

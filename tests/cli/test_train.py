@@ -37,6 +37,24 @@ def test_train_writes_a_model_onnxruntime_runs(work):
     assert all(not np.array_equal(before[k], after[k]) for k in before)
 
 
+def test_train_with_weights_dir_writes_the_same_model(work):
+    common = ("mlp.onnx", "--data", "data.npz", "--batch-size", "8", "--steps", "3",
+              "--optimizer", "adam")  # fmt: skip
+    plain = dfdl_cli("train", *common, "-o", "plain.onnx", cwd=work)
+    assert plain.returncode == 0, plain.stderr
+    r = dfdl_cli("train", *common, "--weights-dir", "w", "-o", "out.onnx", cwd=work)
+    assert r.returncode == 0, r.stderr
+    want, got = params(work / "plain.onnx"), params(work / "out.onnx")
+    assert want.keys() == got.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    (run,) = (work / "w").iterdir()
+    assert [p.name for p in run.iterdir()] == ["step-3"]
+    line = fails(work, *common, "--weights-dir", "w", "--checkpoint-dir", "c",
+                 "--checkpoint-every", "2", "-o", "x.onnx", *UNREACHABLE)  # fmt: skip
+    assert "weights_dir cannot be combined with checkpoints" in line
+
+
 #: a scheduler nobody listens on: a run that fails with another error never reached it
 UNREACHABLE = ("--scheduler", "tcp://127.0.0.1:9")
 

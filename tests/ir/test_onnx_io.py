@@ -6,16 +6,18 @@ import copy
 import os
 import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 
 import dfdl
 from dfdl.errors import ModelError
 from dfdl.ir.graph import Graph
-from dfdl.ir.onnx_io import from_ir, load_model, tensor_bytes, to_ir
+from dfdl.ir.onnx_io import from_ir, load_model, mapped_location, tensor_bytes, to_ir
 from dfdl.models import ZOO, example_inputs
 from tests.ir.helpers import opset9_model, set_location
 
@@ -114,6 +116,28 @@ def test_external_data_loads_and_runs(external, client):
     out = dfdl.run(path, feeds, client=client, tiles={"batch": 2})
     ref = ort_run(str(path), feeds)
     assert_close(out["logits"], ref["logits"])
+
+
+def test_mapped_external_data_is_not_read_until_used(external):
+    path, model = external
+    proto = load_model(path, map_external=True)
+    graph = to_ir(proto)
+    want = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for name, value in graph.initializers.items():
+        assert isinstance(value, np.memmap), name
+        assert not value.flags.writeable, name
+        np.testing.assert_array_equal(value, want[name], err_msg=name)
+    where = {t.name: mapped_location(t) for t in proto.graph.initializer}
+    assert all(w is not None and Path(w[0]).is_absolute() for w in where.values())
+    assert {Path(w[0]).name for w in where.values()} == {"w.bin"}
+
+
+def test_mapped_external_data_that_is_too_short_is_a_model_error(external):
+    path, _ = external
+    proto = load_model(path, map_external=True)
+    (path.parent / "w.bin").write_bytes(b"\0" * 16)  # truncated after loading
+    with pytest.raises(ModelError, match=r"w.bin ends before the tensor's \d+ bytes"):
+        to_ir(proto)
 
 
 def test_external_data_through_a_symlink_inside_the_folder(external, client):

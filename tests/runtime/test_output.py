@@ -233,6 +233,29 @@ def test_a_model_with_unloaded_external_data_is_refused(tmp_path):
     assert listing(tmp_path) == ["ext.onnx", "ext.onnx.data"]
 
 
+def test_a_model_whose_tensors_are_left_in_their_files_is_copied_from_them(tmp_path):
+    model = mlp()
+    save_model(model, tmp_path / "ext.onnx", external_threshold=0)
+    mapped = load_model(tmp_path / "ext.onnx", map_external=True)
+    assert tensor_bytes(mapped) < 200  # nothing loaded
+    files = save_model(mapped, tmp_path / "copy.onnx")
+    assert [f.name for f in files] == ["copy.onnx", "copy.onnx.data"]
+    copied = onnx.load(str(files[0]))
+    want = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    got = {t.name: numpy_helper.to_array(t) for t in copied.graph.initializer}
+    assert want.keys() == got.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    # the small ones are inside the model file, the rest in its data file
+    small = {t.name for t in model.graph.initializer if t.ByteSize() < EXTERNAL_MIN_TENSOR}
+    inside = {
+        t.name
+        for t in onnx.load(str(files[0]), load_external_data=False).graph.initializer
+        if t.data_location != onnx.TensorProto.EXTERNAL
+    }
+    assert small and inside == small
+
+
 def test_train_result_save_is_atomic_and_checked(tmp_path):
     result = TrainResult(model=mlp())
     assert result.save(tmp_path / "t.onnx") == [tmp_path / "t.onnx"]

@@ -99,7 +99,7 @@ def _data():
     return x, rng.integers(0, SIZES[-1], BATCH * STEPS)
 
 
-def _train(client) -> dfdl.TrainResult:
+def _train(client, **kw) -> dfdl.TrainResult:
     return dfdl.train(
         dfdl.models.mlp(SIZES),
         data=_data(),
@@ -111,15 +111,18 @@ def _train(client) -> dfdl.TrainResult:
         tiles={"batch": 2, "model": 2},
         unroll=2,
         progress=False,
+        **kw,
     )
 
 
-def _run(cluster, client, at: int, lose_data: bool = False) -> tuple[dfdl.TrainResult, KillAtTask]:
+def _run(
+    cluster, client, at: int, lose_data: bool = False, **kw
+) -> tuple[dfdl.TrainResult, KillAtTask]:
     client.wait_for_workers(2, timeout=60)
     plugin = KillAtTask(cluster.scheduler, client.run(os.getpid), at, lose_data)
     cluster.scheduler.add_plugin(plugin, name="kill-at-task")
     try:
-        return _train(client), plugin
+        return _train(client, **kw), plugin
     finally:
         cluster.scheduler.remove_plugin(name="kill-at-task")
 
@@ -148,9 +151,11 @@ def test_killed_worker_gives_the_same_weights(cluster, trial):
     print(f"killed {plugin.killed} at task {at} of {tasks}: {got.rollbacks} rollback(s)")
 
 
-def test_replay_starts_from_the_latest_anchor(cluster, caplog):
+@pytest.mark.parametrize("on_disk", [False, True], ids=["anchors-on-client", "weights-dir"])
+def test_replay_starts_from_the_latest_anchor(cluster, caplog, tmp_path, on_disk):
     """With an anchor after every submission, a loss late in the run replays only the
-    steps since: still the same weights (the anchors do not change the numbers).
+    steps since: still the same weights (the anchors do not change the numbers). With
+    ``weights_dir`` the anchors are files the workers wrote, and read back.
 
     Whether a kill loses data Dask cannot rebuild depends on what the scheduler still
     remembers at that moment, so kills later and later in the run are tried until one
@@ -158,11 +163,15 @@ def test_replay_starts_from_the_latest_anchor(cluster, caplog):
     """
     cl, client, reference, tasks = cluster
     config = {"dfdl.recovery.anchor-overhead": 1e9, "dfdl.recovery.first-anchor-s": 0.0}
+    kw = {"weights_dir": tmp_path} if on_disk else {}
+    if on_disk:  # the anchors' writes are tasks too: count this run's own
+        with dask.config.set(config):
+            tasks = _run(cl, client, at=0, **kw)[1].count
     rolled = []
     for at in (tasks * 12 // 16, tasks * 13 // 16, tasks * 14 // 16):
         caplog.clear()
         with dask.config.set(config), caplog.at_level(logging.WARNING, logger="dfdl"):
-            got, plugin = _run(cl, client, at=at, lose_data=True)
+            got, plugin = _run(cl, client, at=at, lose_data=True, **kw)
         assert plugin.killed is not None, f"no worker killed from task {at} of {tasks} on"
         _assert_same(got, reference)
         starts = [int(m) for m in re.findall(r"replaying from step (\d+)", caplog.text)]

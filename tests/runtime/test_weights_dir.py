@@ -1,0 +1,127 @@
+"""Training with ``weights_dir``: the weights never pass through the client.
+
+The workers read their tiles of the model file's external data, make the optimizer
+state's tiles, and write anchors and the trained weights into ``.npy`` files; the run
+must give the same bits as the same training with the weights on the client, on two
+worker processes, and its saved model must run in onnxruntime with the same outputs.
+"""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from distributed import get_task_stream
+
+import dfdl
+import dfdl.models
+from dfdl.errors import ConfigError
+
+SIZES = (24, 96, 80, 6)
+
+
+def _data(n=96):
+    rng = np.random.default_rng(3)
+    return rng.standard_normal((n, SIZES[0]), dtype=np.float32), rng.integers(0, SIZES[-1], n)
+
+
+def _train(model, client, **kw):
+    return dfdl.train(
+        model,
+        data=_data(),
+        loss="cross_entropy",
+        optimizer=dfdl.optim.Adam(lr=1e-2),
+        batch_size=16,
+        epochs=2,
+        client=client,
+        tiles={"batch": 2, "model": 2},
+        unroll=2,
+        progress=False,
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "mlp.onnx"
+    onnx.save(dfdl.models.mlp(SIZES), path, save_as_external_data=True, size_threshold=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(client, model_file):
+    return _train(model_file, client)
+
+
+def test_the_same_bits_as_weights_on_the_client(client, model_file, reference, tmp_path):
+    with get_task_stream(client) as stream:
+        got = _train(model_file, client, weights_dir=tmp_path)
+    assert got.history["loss"] == reference.history["loss"]
+    assert got.params.keys() == reference.params.keys()
+    for k, want in reference.params.items():
+        assert isinstance(got.params[k], np.memmap), k
+        np.testing.assert_array_equal(got.params[k], want, err_msg=k)
+    # the last anchor's folder is the result; earlier ones are gone
+    (run,) = tmp_path.iterdir()
+    assert got.weights_dir == run
+    assert [p.name for p in run.iterdir()] == [f"step-{len(got.history['loss'])}"]
+    # each initial tile was made on a worker by a task (read from the file, or zeros);
+    # the same run without weights_dir scatters them from the client: no such task
+    made = {str(t["key"]) for t in stream.data if "-init-" in str(t["key"])}
+    with get_task_stream(client) as plain:
+        _train(model_file, client, steps=1)
+    assert not [t for t in plain.data if "-init-" in str(t["key"])]
+    names = {k.split("-init-")[0].removeprefix("('") for k in made}
+    adam = {f"{p}.{s}" for p in reference.params for s in ("exp_avg", "exp_avg_sq")}
+    assert names == set(reference.params) | adam
+
+
+def test_anchors_on_disk_give_the_same_bits(client, model_file, reference, tmp_path):
+    config = {"dfdl.recovery.anchor-overhead": 1e9, "dfdl.recovery.first-anchor-s": 0.0}
+    with dask.config.set(config):
+        got = _train(model_file, client, weights_dir=tmp_path)
+    assert got.history["loss"] == reference.history["loss"]
+    for k, want in reference.params.items():
+        np.testing.assert_array_equal(got.params[k], want, err_msg=k)
+    assert [p.name for p in got.weights_dir.iterdir()] == [f"step-{len(got.history['loss'])}"]
+
+
+def test_the_saved_model_runs_in_onnxruntime(client, model_file, reference, tmp_path):
+    got = _train(model_file, client, weights_dir=tmp_path / "w")
+    files = got.save(tmp_path / "trained.onnx")
+    assert [f.name for f in files] == ["trained.onnx", "trained.onnx.data"]
+    x = _data(8)[0]
+    out = ort.InferenceSession(str(files[0])).run(None, {"x": x})[0]
+    want = ort.InferenceSession(reference.model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(out, want)
+    saved = onnx.load(str(files[0]))
+    for t in saved.graph.initializer:
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(t), reference.params[t.name])
+
+
+def test_a_model_given_in_memory_keeps_its_trained_weights_on_disk(client, reference, tmp_path):
+    got = _train(dfdl.models.mlp(SIZES), client, weights_dir=tmp_path)
+    assert got.history["loss"] == reference.history["loss"]
+    for k, want in reference.params.items():
+        np.testing.assert_array_equal(got.params[k], want, err_msg=k)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"checkpoint_dir": "ck", "checkpoint_every": 2}, "cannot be combined with checkpoints"),
+        ({"validation": _data(8)}, "validation cannot be combined with weights_dir"),
+    ],
+)
+def test_what_cannot_be_combined_is_refused_before_any_cluster(model_file, tmp_path, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        dfdl.train(model_file, data=_data(), weights_dir=tmp_path, progress=False, **kw)
+
+
+def test_a_weights_dir_that_cannot_be_written_is_refused(model_file, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"weights_dir .*file cannot be written"):
+        dfdl.train(model_file, data=_data(), weights_dir=blocker, progress=False)
