@@ -258,9 +258,11 @@ def train(
             themselves, make the optimizer state's tiles, and write the trained
             weights (and the anchors a lost worker rolls back to) into a new folder
             in it, one ``.npy`` file per tensor; the result's ``params`` map those
-            files and its ``save`` copies them a block at a time. For models larger
-            than this process's memory (see ``docs/user/memory.md``). Not yet with
-            checkpoints or ``validation`` (a :class:`~dfdl.errors.ConfigError`).
+            files and its ``save`` copies them a block at a time. Checkpoints are then
+            folders of such files the workers write, and resuming reads them the same
+            way. For models larger than this process's memory (see
+            ``docs/user/memory.md``). Not yet with ``validation`` (a
+            :class:`~dfdl.errors.ConfigError`).
 
     Returns:
         :class:`~dfdl.runtime.result.TrainResult`.

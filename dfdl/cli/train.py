@@ -114,7 +114,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="DIR",
         help="a folder this process and every worker share: the workers read the model's "
         "external data and write the trained weights there, never through this process "
-        "(for models larger than its memory; not with checkpoints)",
+        "(for models larger than its memory); checkpoints are then folders the workers "
+        "write",
     )
     p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="trained model")
     p.set_defaults(func=cmd_train)

@@ -5,6 +5,9 @@ before they are used.
 the run was, the name, shape and dtype of every array) under a temporary name, flushes
 it to disk and renames it into place (``os.replace`` is atomic on POSIX), then replaces
 the ``latest`` pointer the same way, syncing the folder after each rename.
+:func:`save_stored` writes a checkpoint whose tensors the workers write
+(``weights_dir``): a folder of ``.npy`` files and a ``meta.json``, under a temporary
+name renamed into place the same way; :func:`load` maps its files read-only.
 :func:`prepare` checks a folder before a run writes to it and, in a folder without
 checkpoints, writes an empty pointer ("a run writes here, no checkpoint yet"), so that a
 kill between the first checkpoint's file and its pointer leaves a folder that resumes
@@ -31,10 +34,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +50,11 @@ from dfdl.errors import CheckpointError
 POINTER = "latest"
 #: version of the meta layout written by :func:`save` (absent: written before there was one)
 FORMAT = 1
-#: temporary files :func:`save` leaves only when killed mid-write (``mkstemp``'s suffix)
-_LEFTOVER = re.compile(r"^\.(step-\d+\.npz|latest)\.[A-Za-z0-9_]{8}$")
+#: temporary files :func:`save` (and folders :func:`save_stored`) leave only when killed
+#: mid-write (``mkstemp``'s and ``mkdtemp``'s suffix)
+_LEFTOVER = re.compile(r"^\.(step-\d+(\.npz)?|latest)\.[A-Za-z0-9_]{8}$")
+#: the file of a folder checkpoint (:func:`save_stored`) that lists its arrays
+FOLDER_META = "meta.json"
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
 
 
@@ -107,9 +114,16 @@ def prepare(directory: str | os.PathLike) -> Path:
     for leftover in d.iterdir():
         if _LEFTOVER.match(leftover.name) and leftover.is_file():
             leftover.unlink(missing_ok=True)
-    if not (d / POINTER).exists() and not any(d.glob("step-*.npz")):
+        elif _LEFTOVER.match(leftover.name) and leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+    if not (d / POINTER).exists() and not _checkpoints(d):
         _atomic_write(d / POINTER, lambda f: None)
     return d
+
+
+def _checkpoints(d: Path) -> list[Path]:
+    """The checkpoint files and folders in ``d``, by name."""
+    return sorted([*d.glob("step-*.npz"), *(p for p in d.glob("step-*") if p.is_dir())])
 
 
 def save(
@@ -136,6 +150,52 @@ def save(
     return path
 
 
+def save_stored(
+    directory: str | os.PathLike,
+    step: int,
+    write: Callable[[Path], Mapping[str, Any]],
+    meta: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Write checkpoint ``step`` as a folder of ``.npy`` files that ``write`` has the
+    workers write (``write(folder)`` returns the :class:`~dfdl.runtime.stored.Stored`
+    tensors it wrote there), then its meta; returns the tensors where they are once the
+    checkpoint is in place.
+
+    The folder is written under a temporary name, synced, and renamed into place before
+    the ``latest`` pointer names it: a kill mid-write leaves the previous checkpoint the
+    latest, as :func:`save` does.
+
+    Example:
+        >>> save_stored("ckpt", 100, lambda f: state.store(client, f, types), {})  # doctest: +SKIP
+    """
+    from dfdl.runtime.stored import Stored
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:09d}"
+    tmp = Path(tempfile.mkdtemp(dir=d, prefix=f".{name}."))
+    try:
+        written = write(tmp)
+        listing = {
+            k: [list(v.shape), np.dtype(v.dtype).str, Path(v.path).name] for k, v in written.items()
+        }
+        full = {**meta, "format": FORMAT, "step": step, "arrays": listing}
+        _atomic_write(tmp / FOLDER_META, lambda f: f.write(json.dumps(full).encode()))
+        final = d / name
+        if final.exists():  # written by a run killed before its pointer named it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(d)
+    _atomic_write(d / POINTER, lambda f: f.write(name.encode()))
+    return {
+        k: Stored(str(final / Path(v.path).name), v.offset, tuple(v.shape), v.dtype)
+        for k, v in written.items()
+    }
+
+
 def find(directory: str | os.PathLike) -> Path | None:
     """The checkpoint file that ``directory``'s ``latest`` pointer names, or None when
     there is no folder, no pointer, or an empty pointer (:func:`prepare` wrote it and
@@ -154,10 +214,10 @@ def find(directory: str | os.PathLike) -> Path | None:
     d = Path(directory)
     pointer = d / POINTER
     if not pointer.exists():
-        if d.is_dir() and any(d.glob("step-*.npz")):
+        if d.is_dir() and _checkpoints(d):
             raise CheckpointError(
                 f"{d} holds checkpoint files but no '{POINTER}' pointer: write the name of "
-                f"the one to resume from (e.g. {max(d.glob('step-*.npz')).name}) into "
+                f"the one to resume from (e.g. {_checkpoints(d)[-1].name}) into "
                 f"{pointer}, or use another checkpoint_dir",
                 path=str(pointer),
             )
@@ -175,7 +235,7 @@ def find(directory: str | os.PathLike) -> Path | None:
             path=str(pointer),
         )
     path = d / name
-    if not path.is_file():
+    if not (path.is_file() or path.is_dir()):
         raise CheckpointError(
             f"checkpoint pointer {pointer} names {name}, which does not exist: {fix}",
             path=str(pointer),
@@ -189,7 +249,9 @@ def find(directory: str | os.PathLike) -> Path | None:
 
 
 def load(path: str | os.PathLike) -> tuple[int, dict[str, np.ndarray], dict[str, Any]]:
-    """``(step, arrays, meta)`` of the checkpoint file at ``path``.
+    """``(step, arrays, meta)`` of the checkpoint at ``path``: a file written by
+    :func:`save`, or a folder written by :func:`save_stored` (whose arrays come back as
+    read-only memory maps of its ``.npy`` files: nothing is read until it is used).
 
     Raises:
         CheckpointError: the file is not a complete checkpoint (truncated or not a
@@ -209,15 +271,7 @@ def load(path: str | os.PathLike) -> tuple[int, dict[str, np.ndarray], dict[str,
         return CheckpointError(f"checkpoint {path} {what}: {fix}", path=str(path))
 
     try:
-        with np.load(path) as z:
-            if "meta" not in z.files:
-                raise bad("has no meta (not a dfdl checkpoint, or an incomplete one)")
-            raw = z["meta"]
-            try:
-                meta = json.loads(bytes(raw).decode())
-            except (ValueError, TypeError) as e:
-                raise bad(f"has unreadable meta ({e})") from e
-            arrays = {k[2:]: z[k] for k in z.files if k.startswith("a/")}
+        meta, arrays = _load_folder(path, bad) if path.is_dir() else _load_npz(path, bad)
     except CheckpointError:
         raise
     except _READ_ERRORS as e:
@@ -245,6 +299,41 @@ def load(path: str | os.PathLike) -> tuple[int, dict[str, np.ndarray], dict[str,
     if not arrays:
         raise bad("holds no arrays")
     return step, arrays, meta
+
+
+def _load_npz(path: Path, bad) -> tuple[Any, dict[str, np.ndarray]]:
+    """The meta and the arrays of a checkpoint file."""
+    with np.load(path) as z:
+        if "meta" not in z.files:
+            raise bad("has no meta (not a dfdl checkpoint, or an incomplete one)")
+        raw = z["meta"]
+        try:
+            meta = json.loads(bytes(raw).decode())
+        except (ValueError, TypeError) as e:
+            raise bad(f"has unreadable meta ({e})") from e
+        return meta, {k[2:]: z[k] for k in z.files if k.startswith("a/")}
+
+
+def _load_folder(path: Path, bad) -> tuple[Any, dict[str, np.ndarray]]:
+    """The meta and the arrays (read-only memory maps) of a folder checkpoint."""
+    if not (path / FOLDER_META).is_file():
+        raise bad(f"has no {FOLDER_META} (not a dfdl checkpoint, or an incomplete one)")
+    try:
+        meta = json.loads((path / FOLDER_META).read_bytes().decode())
+    except (ValueError, TypeError) as e:
+        raise bad(f"has an unreadable {FOLDER_META} ({e})") from e
+    listing = meta.get("arrays") if isinstance(meta, dict) else None
+    if not isinstance(listing, dict):
+        raise bad(f"has a {FOLDER_META} without an 'arrays' object")
+    arrays = {}
+    for name, spec in listing.items():
+        file = spec[2] if isinstance(spec, list) and len(spec) == 3 else None
+        if not isinstance(file, str) or "/" in file or "\\" in file or file in (".", ".."):
+            raise bad(f"has a bad meta entry for array {name!r} ({spec!r})")
+        if not (path / file).is_file():
+            raise bad(f"lacks {file}, the file of array {name!r}")
+        arrays[name] = np.load(path / file, mmap_mode="r", allow_pickle=False)
+    return meta, arrays
 
 
 def load_latest(

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
@@ -78,7 +79,7 @@ from dfdl.runtime.recovery import (
     wait_for_workers,
 )
 from dfdl.runtime.result import TrainResult, stored_model, trained_model
-from dfdl.runtime.stored import Zeros
+from dfdl.runtime.stored import Stored, Zeros, of_memmap
 from dfdl.runtime.trainer import (
     ClusterState,
     Constants,
@@ -210,13 +211,6 @@ class TrainConfig:
         if wdir is not None:
             if not isinstance(wdir, (str, os.PathLike)) or str(wdir) == "":
                 raise ConfigError(f"weights_dir must be a folder path, not {wdir!r}")
-            if self.checkpoint_every is not None or self.resume:
-                raise ConfigError(
-                    "weights_dir cannot be combined with checkpoints yet (checkpoint_every, "
-                    "resume): a checkpoint is written from the client's memory. Train "
-                    "without weights_dir to checkpoint, or without checkpoints to keep the "
-                    "weights on the workers"
-                )
         if self.resume and self.checkpoint_dir is None:
             raise ConfigError(f"resume={self.resume!r} needs checkpoint_dir")
         if self.on_epoch is not None and not callable(self.on_epoch):
@@ -799,7 +793,17 @@ class _Run:
             if hook and self.tell_epoch(epoch, step):
                 self.stopped = epoch + 1
                 break
-            if ckpt_now:
+            if ckpt_now and cfg.weights_dir is not None:  # the workers write it
+                self.collector.collect()
+                now = checkpoint.save_stored(
+                    cfg.checkpoint_dir,
+                    step + 1,
+                    functools.partial(state.store, c, types=tg.graph.types),
+                    s.checkpoint_meta(tg),
+                )
+                self.anchor = Anchor(step + 1, {k: now[k] for k in tg.carried()})
+                _remove_anchors(s.run_dir)
+            elif ckpt_now:
                 self.collector.collect()
                 now = state.gather(c, tg.graph.types)
                 checkpoint.save(cfg.checkpoint_dir, step + 1, now, s.checkpoint_meta(tg))
@@ -823,14 +827,23 @@ class _Run:
         types = self.tg.graph.types
         if s.config.weights_dir is None:
             return state.gather(self.client, types)
-        if step == self.anchor.step and self.anchor.step > 0:
-            return dict(self.anchor.arrays)  # already on disk (never rewrite what it reads)
+        on_disk = {
+            k: v if isinstance(v, Stored) else of_memmap(v) for k, v in self.anchor.arrays.items()
+        }
+        if step == self.anchor.step and all(on_disk.values()):
+            return on_disk  # already on disk (never rewrite the files it reads)
         folder = s.run_dir / f"step-{step}"
         out = state.store(self.client, folder, types)
-        for old in s.run_dir.glob("step-*"):  # the anchor before: no longer needed
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
+        _remove_anchors(s.run_dir, but=folder)
         return out
+
+
+def _remove_anchors(run_dir: Path, but: Path | None = None) -> None:
+    """Remove the anchor folders of ``run_dir`` but ``but``: a newer anchor (or a
+    checkpoint) is on disk."""
+    for old in run_dir.glob("step-*"):
+        if old != but:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _model_name(model, proto: onnx.ModelProto) -> str:

@@ -50,9 +50,6 @@ def test_train_with_weights_dir_writes_the_same_model(work):
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
     (run,) = (work / "w").iterdir()
     assert [p.name for p in run.iterdir()] == ["step-3"]
-    line = fails(work, *common, "--weights-dir", "w", "--checkpoint-dir", "c",
-                 "--checkpoint-every", "2", "-o", "x.onnx", *UNREACHABLE)  # fmt: skip
-    assert "weights_dir cannot be combined with checkpoints" in line
 
 
 #: a scheduler nobody listens on: a run that fails with another error never reached it

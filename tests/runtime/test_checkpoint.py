@@ -27,7 +27,7 @@ import pytest
 import dfdl
 import dfdl.models
 from dfdl.errors import CheckpointError
-from dfdl.runtime import checkpoint
+from dfdl.runtime import checkpoint, stored
 from tests import scheduler_probe
 
 #: the probe cluster (counts submissions), overriding the session's client fixture
@@ -145,6 +145,74 @@ def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     assert step == 2 and not arrays["w"].any()
     checkpoint.prepare(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["latest", "step-000000002.npz"]
+
+
+# ---- folder checkpoints (weights_dir) ------------------------------------------------------
+
+
+def _write_npy(values):
+    """``save_stored``'s ``write``: each array written as the workers write their tiles."""
+
+    def write(folder):
+        out = {}
+        for i, (name, v) in enumerate(values.items()):
+            target = stored.create(folder / f"{i:04d}-{name}.npy", v.shape, v.dtype)
+            stored.write_tile(v, target, tuple(slice(0, n) for n in v.shape))
+            out[name] = target
+        return out
+
+    return write
+
+
+def test_a_folder_checkpoint_loads_as_memory_maps_of_what_was_written(tmp_path):
+    values = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b.m": np.ones(5)}
+    placed = checkpoint.save_stored(tmp_path, 7, _write_npy(values), {"seed": 3})
+    assert (tmp_path / "latest").read_text() == "step-000000007"
+    assert sorted(os.listdir(tmp_path / "step-000000007")) == [
+        "0000-w.npy", "0001-b.m.npy", "meta.json"
+    ]  # fmt: skip
+    assert all(Path(v.path).parent == tmp_path / "step-000000007" for v in placed.values())
+    step, arrays, meta = checkpoint.load_latest(tmp_path)
+    assert step == 7 and meta["seed"] == 3
+    for k, v in values.items():
+        assert isinstance(arrays[k], np.memmap) and not arrays[k].flags.writeable
+        np.testing.assert_array_equal(arrays[k], v)
+        np.testing.assert_array_equal(placed[k].mapped(), v)
+
+
+def test_a_folder_checkpoint_that_fails_midway_leaves_the_previous_one(tmp_path):
+    checkpoint.save_stored(tmp_path, 2, _write_npy({"w": np.zeros(4)}), {})
+
+    def dies(folder):
+        _write_npy({"w": np.ones(4)})(folder)
+        raise OSError("the disk went away")
+
+    with pytest.raises(OSError, match="went away"):
+        checkpoint.save_stored(tmp_path, 4, dies, {})
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step-000000002"]
+    step, arrays, _ = checkpoint.load_latest(tmp_path)
+    assert step == 2 and not arrays["w"].any()
+    # a kill leaves the temporary folder: the next run's prepare removes it
+    (tmp_path / ".step-000000004.abcd1234").mkdir()
+    checkpoint.prepare(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step-000000002"]
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda d: (d / "0000-w.npy").unlink(), r"lacks 0000-w.npy, the file of array 'w'"),
+        (lambda d: (d / "meta.json").unlink(), r"has no meta.json"),
+        (lambda d: (d / "meta.json").write_text("{"), r"has an unreadable meta.json"),
+        (lambda d: os.truncate(d / "0000-w.npy", 100), r"is unreadable: truncated"),
+    ],
+    ids=["a file gone", "no meta", "bad meta", "truncated"],
+)
+def test_a_damaged_folder_checkpoint_is_named(tmp_path, damage, match):
+    checkpoint.save_stored(tmp_path, 3, _write_npy({"w": np.zeros((64, 64))}), {})
+    damage(tmp_path / "step-000000003")
+    with pytest.raises(CheckpointError, match=match):
+        checkpoint.load_latest(tmp_path)
 
 
 # ---- the folder ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from distributed import get_task_stream
 import dfdl
 import dfdl.models
 from dfdl.errors import ConfigError
+from dfdl.runtime import checkpoint
 
 SIZES = (24, 96, 80, 6)
 
@@ -108,16 +109,39 @@ def test_a_model_given_in_memory_keeps_its_trained_weights_on_disk(client, refer
         np.testing.assert_array_equal(got.params[k], want, err_msg=k)
 
 
-@pytest.mark.parametrize(
-    "kw, match",
-    [
-        ({"checkpoint_dir": "ck", "checkpoint_every": 2}, "cannot be combined with checkpoints"),
-        ({"validation": _data(8)}, "validation cannot be combined with weights_dir"),
-    ],
-)
-def test_what_cannot_be_combined_is_refused_before_any_cluster(model_file, tmp_path, kw, match):
-    with pytest.raises(ConfigError, match=match):
-        dfdl.train(model_file, data=_data(), weights_dir=tmp_path, progress=False, **kw)
+def test_checkpoints_are_folders_the_workers_write_and_resume_reads(
+    client, model_file, reference, tmp_path
+):
+    """Checkpoints every 4 steps, a run of 8 steps, then a run resumed from its last
+    checkpoint to the end: the same bits as one run on the client."""
+    ckpt = tmp_path / "ckpt"
+    first = _train(
+        model_file, client, weights_dir=tmp_path / "w", checkpoint_dir=ckpt,
+        checkpoint_every=4, steps=8,
+    )  # fmt: skip
+    assert first.history["loss"] == reference.history["loss"][:8]
+    assert (ckpt / "latest").read_text() == "step-000000008"
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "latest", "step-000000004", "step-000000008"
+    ]  # fmt: skip
+    step, arrays, meta = checkpoint.load(ckpt / "step-000000008")
+    assert step == 8 and meta["step"] == 8
+    assert all(isinstance(v, np.memmap) for v in arrays.values())
+    np.testing.assert_array_equal(arrays["layers.0.weight"], first.params["layers.0.weight"])
+    rest = _train(
+        model_file, client, weights_dir=tmp_path / "w", checkpoint_dir=ckpt,
+        checkpoint_every=4, resume=True,
+    )  # fmt: skip
+    assert rest.history["loss"] == reference.history["loss"][8:]
+    for k, want in reference.params.items():
+        np.testing.assert_array_equal(rest.params[k], want, err_msg=k)
+
+
+def test_validation_is_refused_before_any_cluster(model_file, tmp_path):
+    with pytest.raises(ConfigError, match="validation cannot be combined with weights_dir"):
+        dfdl.train(
+            model_file, data=_data(), validation=_data(8), weights_dir=tmp_path, progress=False
+        )
 
 
 def test_a_weights_dir_that_cannot_be_written_is_refused(model_file, tmp_path):
