@@ -260,9 +260,8 @@ def train(
             in it, one ``.npy`` file per tensor; the result's ``params`` map those
             files and its ``save`` copies them a block at a time. Checkpoints are then
             folders of such files the workers write, and resuming reads them the same
-            way. For models larger than this process's memory (see
-            ``docs/user/memory.md``). Not yet with ``validation`` (a
-            :class:`~dfdl.errors.ConfigError`).
+            way, as do the validation passes. For models larger than this process's
+            memory (see ``docs/user/memory.md``).
 
     Returns:
         :class:`~dfdl.runtime.result.TrainResult`.

@@ -2,7 +2,8 @@
 
 :func:`execute` runs one forward pass of a :class:`~dfdl.plan.tiling.Plan` (inference,
 validation): it cuts the feeds into the plan's tiles (embedded in the graph, or
-scattered above :data:`SCATTER_BYTES`), lowers the plan
+scattered above :data:`SCATTER_BYTES`; an initializer that is a whole file's memory map,
+as ``weights_dir`` leaves them, is read by the workers tile by tile), lowers the plan
 (:func:`dfdl.taskgraph.lower.lower`), submits the graph (:func:`dfdl.runtime.submit.get`)
 and assembles each output from its tiles as numpy arrays by name. A failed task raises a
 :class:`~dfdl.errors.DfdlError` naming the node, op and tile. The same plan and feeds
@@ -15,11 +16,11 @@ Example:
 from __future__ import annotations
 
 import numpy as np
-from dask.task_spec import DataNode, TaskRef
+from dask.task_spec import DataNode, Task, TaskRef
 
 from dfdl.errors import DfdlError
 from dfdl.plan.tiling import Plan
-from dfdl.runtime import submit
+from dfdl.runtime import stored, submit
 from dfdl.taskgraph.lower import lower, new_token, split_tiles, task_name, tile_regions
 from dfdl.taskgraph.tile_exec import TileError
 
@@ -36,8 +37,17 @@ def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int, t
     big = {}
     for name in names:
         value = feeds[name] if name in feeds else graph.initializers[name]
-        tiles = split_tiles(np.asarray(value), plan.chunks[name])
         kind = "input" if name in feeds else "param"
+        source = stored.of_memmap(value) if name not in feeds else None
+        if source is not None:  # a file's tensor (weights_dir): each worker reads its tile
+            refs = {}
+            for idx, region in tile_regions(plan.chunks[name]).items():
+                key = (task_name(f"{name}-{kind}", token), step, *idx)
+                dsk[key] = Task(key, stored.read_tile, source, region)
+                refs[idx] = TaskRef(key)
+            sources[name] = refs
+            continue
+        tiles = split_tiles(np.asarray(value), plan.chunks[name])
         refs = {}
         for idx, tile in tiles.items():
             key = (task_name(f"{name}-{kind}", token), step, *idx)

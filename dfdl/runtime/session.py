@@ -266,12 +266,6 @@ class TrainingSession:
                 FoldedParametersWarning,
                 stacklevel=3,
             )
-        if config.weights_dir is not None and validation is not None:
-            raise ConfigError(
-                "validation cannot be combined with weights_dir yet: the validation pass "
-                "sends the weights from the client. Evaluate the saved model afterwards, "
-                "or train without weights_dir"
-            )
         self.X, self.y = split_data(data, "data")
         if len(self.graph.inputs) != 1:
             raise ConfigError(
@@ -773,7 +767,11 @@ class _Run:
             group = []
             if validate:
                 self.collector.collect()
-                current = state.gather(c, tg.graph.types)
+                if cfg.weights_dir is None:
+                    current = state.gather(c, tg.graph.types)
+                else:  # an anchor on disk, whose files the validation pass reads
+                    self.anchor = Anchor(step + 1, self.keep(state, step + 1))
+                    current = {k: v.mapped() for k, v in self.anchor.arrays.items()}
                 self.validated[epoch] = evaluate(
                     c,
                     s.graph,

@@ -13,12 +13,18 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from dask.task_spec import Task
 from distributed import get_task_stream
 
 import dfdl
 import dfdl.models
 from dfdl.errors import ConfigError
-from dfdl.runtime import checkpoint
+from dfdl.ir.bind import bind
+from dfdl.ir.onnx_io import load_model, to_ir
+from dfdl.ops.registry import TensorType
+from dfdl.plan.tiling import make_plan
+from dfdl.runtime import checkpoint, stored
+from dfdl.runtime.executor import _source_tiles, execute
 
 SIZES = (24, 96, 80, 6)
 
@@ -137,11 +143,34 @@ def test_checkpoints_are_folders_the_workers_write_and_resume_reads(
         np.testing.assert_array_equal(rest.params[k], want, err_msg=k)
 
 
-def test_validation_is_refused_before_any_cluster(model_file, tmp_path):
-    with pytest.raises(ConfigError, match="validation cannot be combined with weights_dir"):
-        dfdl.train(
-            model_file, data=_data(), validation=_data(8), weights_dir=tmp_path, progress=False
-        )
+def test_validation_reads_the_weights_on_the_workers(client, model_file, tmp_path):
+    val = _data(40)
+    want = _train(model_file, client, validation=val)
+    got = _train(model_file, client, validation=val, weights_dir=tmp_path)
+    for key in ("loss", "val_loss", "val_accuracy"):
+        assert got.history[key] == want.history[key], key
+    for k in want.params:
+        np.testing.assert_array_equal(got.params[k], want.params[k], err_msg=k)
+
+
+def test_an_inference_pass_has_the_workers_read_mapped_weights(client, model_file):
+    """What the validation pass runs (``executor.execute``) on a model whose weights are
+    memory maps: each weight tile is a task that reads the file, and the outputs are
+    those of the same weights in memory."""
+    mapped = to_ir(load_model(model_file, map_external=True))
+    loaded = to_ir(load_model(model_file))
+    x = _data(8)[0]
+    plans = [
+        make_plan(bind(g, {"x": TensorType(x.shape, x.dtype)}), {"batch": 2, "model": 2}, cores=2)
+        for g in (mapped, loaded)
+    ]
+    dsk, sources, _ = _source_tiles(plans[0], {"x": x}, client, 0, "t")
+    for name in mapped.initializers:
+        for ref in sources[name].values():
+            task = dsk[ref.key]
+            assert isinstance(task, Task) and task.func is stored.read_tile, name
+    got, want = (execute(p, {"x": x}, client) for p in plans)
+    np.testing.assert_array_equal(got["logits"], want["logits"])
 
 
 def test_a_weights_dir_that_cannot_be_written_is_refused(model_file, tmp_path):
