@@ -867,7 +867,10 @@ def _prepare_weights_dir(folder, name: str) -> Path:
 
 
 def _initial(graph, name: str) -> np.ndarray:
-    return np.array(graph.initializers[name], copy=True)
+    value = graph.initializers[name]
+    if of_memmap(value) is not None:  # read-only, and read by the workers (weights_dir)
+        return value
+    return np.array(value, copy=True)
 
 
 def train_config(frozen: Iterable[str] = (), **kwargs) -> TrainConfig:

@@ -514,7 +514,8 @@ class Constants:
     Tiles up to :data:`EMBED_BYTES` travel inside every graph that reads them, under the
     same keys each time: the scheduler keeps the tiles it has, and can rebuild one that
     died with a worker. Larger tiles are scattered once (a lost one makes training roll
-    back, see :mod:`dfdl.runtime.recovery`).
+    back, see :mod:`dfdl.runtime.recovery`), and a file's tensor (``weights_dir``) is
+    read by the workers once, a task per tile.
     """
 
     def __init__(self, client, placement: Mapping | None = None):
@@ -530,6 +531,11 @@ class Constants:
         if key in self.cache:
             return self.cache[key]
         if key not in self.embedded:
+            if stored.of_memmap(value) is not None:  # a file's tensor: read on the workers
+                self.cache[key] = ClusterState.scatter(
+                    self.client, {name: value}, {name: chunks}, self.placement
+                ).refs[name]
+                return self.cache[key]
             tiles = split_tiles(np.asarray(value), chunks)
             if max(t.nbytes for t in tiles.values()) > EMBED_BYTES:
                 self.cache[key] = ClusterState.scatter(

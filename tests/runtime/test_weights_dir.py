@@ -143,6 +143,19 @@ def test_checkpoints_are_folders_the_workers_write_and_resume_reads(
         np.testing.assert_array_equal(rest.params[k], want, err_msg=k)
 
 
+def test_frozen_weights_in_the_file_are_read_on_the_workers(client, model_file, tmp_path):
+    frozen = ["layers.0.weight", "layers.1.bias"]
+    want = _train(model_file, client, frozen=frozen)
+    with get_task_stream(client) as stream:
+        got = _train(model_file, client, frozen=frozen, weights_dir=tmp_path)
+    assert got.history["loss"] == want.history["loss"]
+    for k in want.params:
+        np.testing.assert_array_equal(got.params[k], want.params[k], err_msg=k)
+    made = {str(t["key"]).split("-init-")[0].removeprefix("('") for t in stream.data
+            if "-init-" in str(t["key"])}  # fmt: skip
+    assert set(frozen) <= made
+
+
 def test_validation_reads_the_weights_on_the_workers(client, model_file, tmp_path):
     val = _data(40)
     want = _train(model_file, client, validation=val)
