@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,8 +103,26 @@ def of_memmap(value: Any) -> Stored | None:
 
 
 def read_tile(source: Source, region: tuple[slice, ...]) -> np.ndarray:
-    """The task a worker runs to load its tile of ``source``."""
-    return source.read(region)
+    """The task a worker runs to load its tile of ``source``.
+
+    Raises:
+        TrainingError: the worker cannot read the file (its message names the file, the
+            worker's host and what to do).
+    """
+    try:
+        return source.read(region)
+    except OSError as e:
+        raise _unshared(e, "read", getattr(source, "path", "")) from None
+
+
+def _unshared(e: OSError, what: str, path: str) -> Exception:
+    from dfdl.errors import TrainingError
+
+    return TrainingError(
+        f"a worker on {socket.gethostname()} cannot {what} {path} ({e.strerror or e}): "
+        "the model's folder and weights_dir must be on a filesystem every worker and the "
+        "client share, with the same path, readable and writable by the workers"
+    )
 
 
 def create(path: str | os.PathLike, shape: tuple[int, ...], dtype: Any) -> Stored:
@@ -150,7 +169,10 @@ def write_tile(tile: Any, target: Stored, region: tuple[slice, ...], pos: int | 
     flat = tile.reshape(-1)
     run = math.prod(extent[max(k - 1, 0) :])
     lead = extent[: max(k - 1, 0)]
-    fd = os.open(target.path, os.O_WRONLY)
+    try:
+        fd = os.open(target.path, os.O_WRONLY)
+    except OSError as e:
+        raise _unshared(e, "write", target.path) from None
     try:
         for n, index in enumerate(np.ndindex(*lead)):
             at = target.offset + sum(

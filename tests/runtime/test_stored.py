@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
+from dfdl.errors import TrainingError
 from dfdl.runtime.stored import Stored, Zeros, create, of_memmap, read_tile, write_tile
 
 
@@ -71,3 +72,11 @@ def test_zeros_are_made_per_tile():
     tile = read_tile(z, (slice(1, 3), slice(0, 5)))
     assert tile.shape == (2, 5) and tile.dtype == np.float64 and not tile.any()
     assert z.nbytes == 120
+
+
+def test_a_file_a_worker_cannot_reach_is_a_training_error_naming_it(tmp_path):
+    gone = Stored(str(tmp_path / "elsewhere" / "w.npy"), 128, (2, 2), "float32")
+    with pytest.raises(TrainingError, match=r"cannot read .*elsewhere/w.npy .*filesystem"):
+        read_tile(gone, (slice(0, 2), slice(0, 2)))
+    with pytest.raises(TrainingError, match=r"cannot write .*elsewhere/w.npy"):
+        write_tile(np.zeros((2, 2), np.float32), gone, (slice(0, 2), slice(0, 2)))

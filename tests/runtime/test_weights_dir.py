@@ -18,13 +18,14 @@ from distributed import get_task_stream
 
 import dfdl
 import dfdl.models
-from dfdl.errors import ConfigError
+from dfdl.errors import ConfigError, TrainingError
 from dfdl.ir.bind import bind
 from dfdl.ir.onnx_io import load_model, to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.tiling import make_plan
 from dfdl.runtime import checkpoint, stored
 from dfdl.runtime.executor import _source_tiles, execute
+from dfdl.runtime.session import TrainConfig, TrainingSession
 
 SIZES = (24, 96, 80, 6)
 
@@ -191,3 +192,15 @@ def test_a_weights_dir_that_cannot_be_written_is_refused(model_file, tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(ConfigError, match=r"weights_dir .*file cannot be written"):
         dfdl.train(model_file, data=_data(), weights_dir=blocker, progress=False)
+
+
+def test_a_model_file_gone_before_the_run_is_a_training_error_naming_it(client, tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    onnx.save(dfdl.models.mlp(SIZES), folder / "mlp.onnx", save_as_external_data=True,
+              location="w.bin", size_threshold=0)  # fmt: skip
+    config = TrainConfig(batch_size=16, progress=False, weights_dir=tmp_path / "w")
+    session = TrainingSession(folder / "mlp.onnx", _data(), config)
+    (folder / "w.bin").unlink()  # as on a worker that does not share the folder
+    with pytest.raises(TrainingError, match=r"cannot read .*w.bin .*filesystem every worker"):
+        session.run(client)
