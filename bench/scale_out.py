@@ -16,7 +16,10 @@ steps after the first of the second call (as ``bench/run.py`` measures it). Arms
   steps), the default before;
 * ``stages``: N processes, a task per worker and stage (``GraphOptions(exchange=False)``);
 * ``tiles``: N processes, a task per tile (``GraphOptions(worker_tasks=False)``), what
-  several processes ran before.
+  several processes ran before;
+* ``shares-tcp``: as ``shares``, on a cluster speaking plain ``tcp://``
+  (``security=False``) instead of the embedded cluster's TLS: what encrypting the
+  values sent between the workers costs.
 
 The losses of every arm must be the same bits (the plan is the same: explicit tiles
 from the one-process plan); the script stops if they are not.
@@ -47,17 +50,23 @@ ARMS = {
     "step-shares": GraphOptions(steps_per_task=1),
     "stages": GraphOptions(exchange=False),
     "tiles": GraphOptions(worker_tasks=False),
+    "shares-tcp": GraphOptions(),
 }
+#: the arms' cluster arguments besides the number of workers
+CLUSTER = {"shares-tcp": {"security": False}}
 
 
-def step_time(workers: int | None, engine, model, x, y, cfg, steps: int, tiles) -> dict:
+def step_time(
+    workers: int | None, engine, model, x, y, cfg, steps: int, tiles, cluster_kw=None
+) -> dict:
     """One arm on a fresh cluster (``workers`` processes, None: one process with a
-    thread per core): seconds per step, the timed call's losses and its tiling."""
+    thread per core; ``cluster_kw``: more ``dfdl.LocalCluster`` arguments): seconds per
+    step, the timed call's losses and its tiling."""
     from distributed import Client
 
     _, batch, kind, okw, _ = cfg
     options = dfdl.EngineOptions() if engine is None else dfdl.EngineOptions(graph=engine)
-    with dfdl.LocalCluster(workers) as cluster, Client(cluster) as client:
+    with dfdl.LocalCluster(workers, **(cluster_kw or {})) as cluster, Client(cluster) as client:
         train_streamed(client, model, x, y, batch, kind, okw, 2, engine=options, tiles=tiles)
         result, records = train_streamed(
             client, model, x, y, batch, kind, okw, 1 + steps, engine=options, tiles=tiles
@@ -98,6 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
                 cfg,
                 args.steps,
                 tiles,
+                CLUSTER.get(arm),
             )
             tiles = tiles or got["tiles"]  # the one-process plan for every arm
             if "losses" in row and got["losses"] != row["losses"]:

@@ -67,15 +67,20 @@ def test_a_plan_under_the_workers_thresholds_shows_them_to_no_other_thread():
     thresholds = {**worker_memory_config(), PAUSE: 0.625}
     workers = Workers(2, 2, 1, memory_limit=2**30, thresholds=thresholds)
     graph = to_ir(dfdl.models.mlp([8, 16, 3]))
-    seen = set()
+    seen, planned, stop = set(), [], threading.Event()
 
     def plan():
-        for _ in range(20):
+        while not stop.is_set():
             inference_plan(graph, {"x": TensorType((4, 8), "float32")}, workers=workers)
+            planned.append(1)
 
     thread = threading.Thread(target=plan)
     thread.start()
-    while thread.is_alive():  # what another thread (another trial) reads meanwhile
-        seen.add(dask.config.get(PAUSE))
-    thread.join()
+    try:  # what another thread (another trial) reads while this one plans, many times
+        while len(planned) < 20 and thread.is_alive():
+            seen.add(dask.config.get(PAUSE))
+    finally:
+        stop.set()
+        thread.join(30)
+    assert len(planned) >= 20, "the planning thread stopped (see its exception above)"
     assert seen == {before}
