@@ -155,3 +155,9 @@ class FoldedParametersWarning(DfdlWarning):
     default), which stores copies of parameters it folded (transposed, expanded to the
     example's batch, merged): training trains the copies, not the network PyTorch
     trains. Export with ``torch.onnx.export(..., optimize=False)`` to train."""
+
+
+class ClientMemoryWarning(DfdlWarning):
+    """The model's weights are a large share of the client's free memory: without
+    ``weights_dir`` the client loads, sends and gathers them all (several copies at its
+    peak). Train with ``weights_dir`` (a folder the workers share) to keep them off it."""

@@ -253,6 +253,34 @@ def tensor_array(t: onnx.TensorProto) -> np.ndarray:
     return np.memmap(path, dtype, "r", offset, shape)
 
 
+def file_tensor_bytes(path: str | os.PathLike) -> int:
+    """Bytes of the initializers of the model file at ``path``, its external data
+    included, read from the file's tensor headers (no data is read).
+
+    Raises:
+        ModelError: the file cannot be read as ONNX.
+
+    Example:
+        >>> file_tensor_bytes("model.onnx")  # doctest: +SKIP
+        4294967296
+    """
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, OSError) as e:
+        raise ModelError(f"cannot read {path} as ONNX ({e}); is it truncated?") from e
+    total = 0
+    for t in proto.graph.initializer:
+        info = {e.key: e.value for e in t.external_data}
+        external = t.data_location == onnx.TensorProto.EXTERNAL
+        if external and "length" in info:
+            total += int(info["length"])
+        elif external or t.HasField("raw_data"):
+            total += raw_nbytes(t)
+        else:  # typed fields (float_data, ...)
+            total += t.ByteSize()
+    return total
+
+
 def tensor_bytes(model: onnx.ModelProto) -> int:
     """Bytes of tensor data a model holds (initializers and tensor attributes, subgraphs
     included; external data not loaded counts 0), counted without serializing or

@@ -39,14 +39,22 @@ from typing import Any
 
 import numpy as np
 import onnx
+import psutil
 from distributed.scheduler import KilledWorker
 
 from dfdl.data.checks import check_labels, split_data
 from dfdl.data.order import batch_plan, steps_per_epoch
-from dfdl.errors import CheckpointError, ConfigError, DataError, FoldedParametersWarning
-from dfdl.ir.onnx_io import ModelLike, exporter_folded, load_model, to_ir
+from dfdl.errors import (
+    CheckpointError,
+    ClientMemoryWarning,
+    ConfigError,
+    DataError,
+    FoldedParametersWarning,
+)
+from dfdl.ir.onnx_io import ModelLike, exporter_folded, file_tensor_bytes, load_model, to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import StepPlan, Workers, choose_variant, training_plan
+from dfdl.plan.estimate import format_bytes
 from dfdl.runtime import checkpoint, pinning, worker_setup
 from dfdl.runtime.cluster import (
     connect,
@@ -249,6 +257,8 @@ class TrainingSession:
         self.config = config
         self.validation = validation
         self.tags = dict(tags or {})
+        if config.weights_dir is None and isinstance(model, str | os.PathLike):
+            check_client_memory(model)  # before the client loads what it cannot hold
         # with weights_dir the workers read the model's external data themselves
         self.proto = load_model(model, map_external=config.weights_dir is not None)
         self.graph = to_ir(self.proto)
@@ -849,6 +859,47 @@ def _model_name(model, proto: onnx.ModelProto) -> str:
     if isinstance(model, str) or hasattr(model, "__fspath__"):
         return Path(model).stem
     return proto.graph.name or "model"
+
+
+#: the client's peak memory while training without weights_dir, in copies of the weights
+#: (the loaded model and its arrays, the initial and the gathered values, the result)
+CLIENT_COPIES = 3
+
+
+def check_client_memory(path: str | os.PathLike, available: int | None = None) -> None:
+    """Refuse a model file whose weights do not fit this process's free memory, and warn
+    where :data:`CLIENT_COPIES` copies of them do not: without ``weights_dir`` the client
+    loads, sends and gathers them all.
+
+    Raises:
+        ConfigError: the weights alone are more than the free memory (``available``,
+            default: what the OS reports).
+
+    Example:
+        >>> check_client_memory("unet3d.onnx")  # doctest: +SKIP
+    """
+    if not Path(path).is_file():
+        return  # load_model says what is wrong with it
+    need = file_tensor_bytes(path)
+    free = psutil.virtual_memory().available if available is None else available
+    fix = (
+        "train with weights_dir= (dfdl train --weights-dir), a folder this process and "
+        "the workers share, to keep the weights on the workers"
+    )
+    if need > free:
+        raise ConfigError(
+            f"{Path(path).name} holds {format_bytes(need)} of weights, more than this "
+            f"process's {format_bytes(free)} of free memory: the client would load, send "
+            f"and gather them all; {fix}"
+        )
+    if CLIENT_COPIES * need > free:
+        warnings.warn(
+            f"{Path(path).name} holds {format_bytes(need)} of weights, and this process "
+            f"has {format_bytes(free)} of free memory: the client holds up to "
+            f"{CLIENT_COPIES} copies of them while training; {fix}",
+            ClientMemoryWarning,
+            stacklevel=4,
+        )
 
 
 def _prepare_weights_dir(folder, name: str) -> Path:

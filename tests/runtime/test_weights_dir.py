@@ -8,6 +8,9 @@ worker processes, and its saved model must run in onnxruntime with the same outp
 
 from __future__ import annotations
 
+import warnings
+from types import SimpleNamespace
+
 import dask
 import numpy as np
 import onnx
@@ -18,14 +21,15 @@ from distributed import get_task_stream
 
 import dfdl
 import dfdl.models
-from dfdl.errors import ConfigError, TrainingError
+from dfdl.errors import ClientMemoryWarning, ConfigError, TrainingError
 from dfdl.ir.bind import bind
-from dfdl.ir.onnx_io import load_model, to_ir
+from dfdl.ir.onnx_io import file_tensor_bytes, load_model, to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.tiling import make_plan
 from dfdl.runtime import checkpoint, stored
+from dfdl.runtime import session as session_module
 from dfdl.runtime.executor import _source_tiles, execute
-from dfdl.runtime.session import TrainConfig, TrainingSession
+from dfdl.runtime.session import TrainConfig, TrainingSession, check_client_memory
 
 SIZES = (24, 96, 80, 6)
 
@@ -204,3 +208,25 @@ def test_a_model_file_gone_before_the_run_is_a_training_error_naming_it(client, 
     (folder / "w.bin").unlink()  # as on a worker that does not share the folder
     with pytest.raises(TrainingError, match=r"cannot read .*w.bin .*filesystem every worker"):
         session.run(client)
+
+
+def test_a_model_too_large_for_the_client_points_to_weights_dir(model_file, monkeypatch):
+    need = file_tensor_bytes(model_file)
+    assert need == sum(a.nbytes for a in _arrays(model_file).values())
+    with pytest.raises(ConfigError, match=r"more than this process's .* weights_dir="):
+        check_client_memory(model_file, available=need - 1)
+    with pytest.warns(ClientMemoryWarning, match=r"up to 3 copies .* weights_dir="):
+        check_client_memory(model_file, available=2 * need)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_client_memory(model_file, available=3 * need + 1)
+    # dfdl.train checks before loading the model (and before any cluster starts)
+    monkeypatch.setattr(
+        session_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=need // 2)
+    )
+    with pytest.raises(ConfigError, match="weights_dir"):
+        dfdl.train(model_file, data=_data(), progress=False)
+
+
+def _arrays(path):
+    return {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
