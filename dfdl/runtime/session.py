@@ -864,6 +864,8 @@ def _model_name(model, proto: onnx.ModelProto) -> str:
 #: the client's peak memory while training without weights_dir, in copies of the weights
 #: (the loaded model and its arrays, the initial and the gathered values, the result)
 CLIENT_COPIES = 3
+#: model files smaller than this are parsed to count their external data
+PARSE_BELOW = 64 * 2**20
 
 
 def check_client_memory(path: str | os.PathLike, available: int | None = None) -> None:
@@ -880,7 +882,9 @@ def check_client_memory(path: str | os.PathLike, available: int | None = None) -
     """
     if not Path(path).is_file():
         return  # load_model says what is wrong with it
-    need = file_tensor_bytes(path)
+    size = os.path.getsize(path)
+    # a file with its weights inside is its own measure (no need to parse it twice)
+    need = file_tensor_bytes(path) if size < PARSE_BELOW else size
     free = psutil.virtual_memory().available if available is None else available
     fix = (
         "train with weights_dir= (dfdl train --weights-dir), a folder this process and "

@@ -156,6 +156,8 @@ class ClusterState:
                         r.pos if isinstance(r, Picked) else None,
                         key=(task_name(f"{name}-store", token), *idx),
                         pure=False,
+                        # on the (GPU) workers that hold the tiles, not any worker
+                        resources=self.placement.get("resources"),
                     )
                 )
         try:
