@@ -248,6 +248,12 @@ def _finish(figures: dict, ok: bool, path: str | None, failure: str) -> None:
 
 
 def _peak_bytes() -> int:
+    """This process's peak resident memory (``VmHWM``: ``ru_maxrss`` would also count the
+    memory of the process that started this one, which Linux carries across ``exec``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
