@@ -3,6 +3,7 @@ task per step, tiles run in dependency order on the worker's threads."""
 
 from __future__ import annotations
 
+import heapq
 import operator
 import threading
 import weakref
@@ -210,3 +211,17 @@ def test_no_step_tasks_on_several_workers(client, resnet_like, monkeypatch):
     assert len(client.scheduler_info()["workers"]) == 2
     n_off, n_on = _switched("step_tasks", client, resnet_like)
     assert n_on == n_off
+
+
+def test_a_share_runs_first_what_another_worker_waits_for():
+    """Of the first ``SEND_FIRST`` ready members in priority order, the first whose value
+    is sent goes first; past them, or with none sent, the priority order holds."""
+    ready = list(range(20))
+    heapq.heapify(ready)
+    sends = {5: [(1, None)], 12: [(1, None)]}
+    order = [step_tasks.next_to_run(ready, sends) for _ in range(3)]
+    assert order == [5, 0, 1]  # 12 is past the lookahead until the first ones ran
+    ready = list(range(9, 20))
+    heapq.heapify(ready)
+    assert step_tasks.next_to_run(ready, sends) == 12
+    assert step_tasks.next_to_run(ready, {}) == 9
