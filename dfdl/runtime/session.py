@@ -27,7 +27,6 @@ import gc
 import logging
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -87,7 +86,7 @@ from dfdl.runtime.recovery import (
     wait_for_workers,
 )
 from dfdl.runtime.result import TrainResult, stored_model, trained_model
-from dfdl.runtime.stored import Stored, Zeros, of_memmap
+from dfdl.runtime.stored import Stored, Zeros, of_memmap, safe_name, source_of
 from dfdl.runtime.trainer import (
     ClusterState,
     Constants,
@@ -835,10 +834,8 @@ class _Run:
         types = self.tg.graph.types
         if s.config.weights_dir is None:
             return state.gather(self.client, types)
-        on_disk = {
-            k: v if isinstance(v, Stored) else of_memmap(v) for k, v in self.anchor.arrays.items()
-        }
-        if step == self.anchor.step and all(on_disk.values()):
+        on_disk = {k: source_of(v) for k, v in self.anchor.arrays.items()}
+        if step == self.anchor.step and all(isinstance(v, Stored) for v in on_disk.values()):
             return on_disk  # already on disk (never rewrite the files it reads)
         folder = s.run_dir / f"step-{step}"
         out = state.store(self.client, folder, types)
@@ -912,7 +909,7 @@ def _prepare_weights_dir(folder, name: str) -> Path:
     root = Path(folder).absolute()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        run = Path(tempfile.mkdtemp(prefix=f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-", dir=root))
+        run = Path(tempfile.mkdtemp(prefix=f"{safe_name(name)}-", dir=root))
     except OSError as e:
         raise ConfigError(
             f"weights_dir {root} cannot be written ({e.strerror or e}): give a folder this "

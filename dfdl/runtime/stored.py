@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,17 @@ Source = Stored | Zeros
 def is_source(value: Any) -> bool:
     """Whether ``value`` is a description the workers read (not an array)."""
     return isinstance(value, Stored | Zeros)
+
+
+def source_of(value: Any) -> Source | None:
+    """``value`` if it is a description the workers read, the :class:`Stored` of a
+    whole-file memory map (:func:`of_memmap`), else None (an array to send)."""
+    return value if is_source(value) else of_memmap(value)
+
+
+def safe_name(name: str) -> str:
+    """``name`` (an ONNX name: any character) as a file name's part."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def of_memmap(value: Any) -> Stored | None:

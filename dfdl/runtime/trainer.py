@@ -25,7 +25,6 @@ import dataclasses
 import math
 import operator
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -85,7 +84,7 @@ class ClusterState:
         data, where, loads = {}, {}, {}
         token = new_token()
         for name, v in values.items():
-            source = v if stored.is_source(v) else stored.of_memmap(v)
+            source = stored.source_of(v)
             if source is not None:
                 for idx, region in tile_regions(chunks[name]).items():
                     loads[(task_name(f"{name}-init", token), *idx)] = (source, region)
@@ -205,7 +204,7 @@ class ClusterState:
 def stored_file_name(i: int, name: str) -> str:
     """The file of the ``i``-th carried tensor, ``name``, in a folder of stored tensors
     (ONNX names may hold any character)."""
-    return f"{i:04d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:100]}.npy"
+    return f"{i:04d}-{stored.safe_name(name)[:100]}.npy"
 
 
 def _batch_sources(
