@@ -137,6 +137,7 @@ def fuse_into_consumers(
     small: Callable[[Hashable], bool] | None = None,
     tiny: Callable[[Hashable], bool] | None = None,
     rules: FuseRules = FuseRules(),
+    place: Callable[[Hashable], int | None] | None = None,
 ) -> dict:
     """The graph with every single-consumer task absorbed into its consumer (see the
     module docstring); ``keep``: keys that must stay (requested outputs).
@@ -155,6 +156,10 @@ def fuse_into_consumers(
             (per-channel sums): a merge of such partials also runs inside each of its
             readers one level up (:func:`_merges_in_readers`).
         rules: which finer rules apply (:class:`FuseRules`).
+        place: on several worker processes, the worker of each task that has one
+            (:func:`dfdl.taskgraph.partition.tile_parts`): a task with a worker runs only
+            inside a task of the same worker, so that fusion moves no tile's work (nor
+            the values it reads) to another worker.
 
     Returns:
         A new graph with the same requested keys and values and fewer tasks.
@@ -198,14 +203,16 @@ def fuse_into_consumers(
             t = absorbed[t]
         return t
 
+    def apart(t, u) -> bool:  # running t inside u would move it to another worker
+        return place is not None and place(t) is not None and place(t) != place(u)
+
+    while moved := [t for t in absorbed if apart(t, root(t))]:
+        for t in moved:
+            del absorbed[t]
+
     for t in [t for t in absorbed if stays is not None and stays(t)]:
         if not light(root(t)):  # it would run inside a heavy task: stays on its own
             del absorbed[t]
-
-    members: dict = {}  # consumer that stays -> the tasks it absorbs, producers first
-    for t in order:
-        if t in absorbed:
-            members.setdefault(root(t), []).append(t)
 
     carried = {}
     if light is not None and rules.carry:
@@ -226,6 +233,16 @@ def fuse_into_consumers(
     def task_of(r):  # the key of the task ``r`` runs in
         return carrier(root(r))
 
+    while moved := [t for t in (*absorbed, *carried) if apart(t, task_of(t))]:
+        for t in moved:
+            absorbed.pop(t, None)
+            carried.pop(t, None)
+
+    members: dict = {}  # consumer that stays -> the tasks it absorbs, producers first
+    for t in order:
+        if t in absorbed:
+            members.setdefault(root(t), []).append(t)
+
     chains: dict = {}  # carrier -> the tasks it carries, producers first
     for t in order:
         if t in carried:
@@ -240,6 +257,7 @@ def fuse_into_consumers(
     twice = set()
     if light is not None and stays is not None and rules.duplicate:
         twice = _duplicated(dsk, keep, deps, readers, level, absorbed, carried, light, stays)
+        twice = {t for t in twice if not any(apart(t, task_of(r)) for r in readers[t])}
     out = {}
     for k, node in dsk.items():
         if k in absorbed or k in carried:

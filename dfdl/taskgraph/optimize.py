@@ -124,6 +124,7 @@ def optimize(
         peers = list(roster) if isinstance(roster, Mapping) and options.exchange else None
         one_worker = len(threads) == 1
         tiny = _tiny_outputs(plans, token)
+        parts = None if one_worker else partition.tile_parts(plans, token, len(threads))
         dsk = fuse_into_consumers(
             dsk,
             keep=keep,
@@ -134,6 +135,8 @@ def optimize(
             # packed output (activation and partial) instead of one merge fetching them
             tiny=tiny if one_worker else None,
             rules=options.rules,
+            # several: no tile's work fused into a task of another worker (a merge)
+            place=parts if options.worker_tasks else None,
         )
         grouped = None
         if options.step_tasks and one_worker:
@@ -146,9 +149,7 @@ def optimize(
             )
         elif options.worker_tasks and not one_worker:
             budget = _step_budget(plans)
-            placed, place = partition.replicate_merges(
-                dsk, keep, partition.tile_parts(plans, token, len(threads)), tiny
-            )
+            placed, place = partition.replicate_merges(dsk, keep, parts, tiny)
             direct = peers if max(threads) == 1 else None
             # direct exchange only: with stages, two steps' shares would form cycles
             per_task = options.steps_per_task if direct else 1

@@ -47,8 +47,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dask.task_spec import Alias, Task, TaskRef
 
 from dfdl.taskgraph import exchange, gang
-from dfdl.taskgraph.fuse import heights, structure
-from dfdl.taskgraph.tile_exec import Outputs
+from dfdl.taskgraph.fuse import heights, run_fused, structure
+from dfdl.taskgraph.tile_exec import Outputs, assemble_task, run_tile
 
 #: the name of the trainer's step tasks (with its token: ``key_split`` shows this)
 STEP_NAME = "train-step"
@@ -254,11 +254,52 @@ def _taken(node: object, m, taken: set) -> bool:
             if args[0].key == m and isinstance(args[1], int):
                 taken.add(args[1])
                 return True
+        if node.func in (run_tile, assemble_task) and len(args) > 1 and not node.kwargs:
+            return _picked(node.func, args, m, taken)
+        if node.func is run_fused and len(args) > 2 and not node.kwargs:
+            program, values = args[0], args[3:]
+            for a in values:
+                if isinstance(a, TaskRef) and a.key == m:
+                    # its members read ``m`` by key from the values given: what they take
+                    if not all(_taken(t, m, taken) for t, _ in program):
+                        return False
+                elif not _taken(a, m, taken):
+                    return False
+            return True
         return all(_taken(a, m, taken) for a in (*args, *node.kwargs.values()))
     if isinstance(node, (tuple, list)):
         return all(_taken(a, m, taken) for a in node)
     if isinstance(node, dict):
         return all(_taken(a, m, taken) for a in node.values())
+    return True
+
+
+def _picked(func, args: tuple, m, taken: set) -> bool:
+    """:func:`_taken` for a tile task, whose specs say which output of each input it
+    takes (``run_tile``'s ``pick``, ``slice`` and ``assemble``, ``assemble_task``'s
+    pieces)."""
+    n_meta = 2 if func is assemble_task else 1
+    meta, ins = args[:n_meta], args[n_meta:]
+    at = {i for i, a in enumerate(ins) if isinstance(a, TaskRef) and a.key == m}
+    if not all(isinstance(a, TaskRef) or _taken(a, m, taken) for a in ins):
+        return False
+    if not at:
+        return True
+    if func is assemble_task:
+        pieces = [(k, pos) for k, pos, *_ in meta[1]]
+    else:
+        pieces = []
+        for spec in meta[0][2]:
+            kind = spec[0]
+            if kind in ("value", "pick", "slice"):
+                pieces.append((spec[1], None if kind == "value" else spec[2]))
+            elif kind == "assemble":
+                pieces.extend((k, pos) for k, pos, *_ in spec[3])
+    for k, pos in pieces:
+        if k in at:
+            if not isinstance(pos, int):
+                return False
+            taken.add(pos)
     return True
 
 

@@ -344,6 +344,49 @@ def test_a_light_partial_of_a_merge_runs_inside_the_contraction_it_reads():
     assert get_sync(plain, "c1") == 6.0 and not {"q1", "q2"} & set(plain)
 
 
+def test_on_several_workers_a_tile_s_work_runs_only_in_a_task_of_its_worker():
+    """With ``place`` (several worker processes), a tile's partial is not fused into the
+    merge (which has no worker, so it would run where the merge runs, and the tile it
+    reads would travel), nor carried by a producer of another worker."""
+    dsk = _partials_of_two_tiles()
+    place = {"c1": 0, "q1": 0, "n1": 0, "z": 0, "c2": 1, "q2": 1, "n2": 1}.get
+    no_carry = FuseRules(partials_at_producer=False)
+    plain = _at_producer(dsk, rules=no_carry)
+    assert not {"q1", "q2"} & set(plain)  # both partials run inside the merge
+    placed = fuse_into_consumers(
+        dsk, keep=["r"], light=lambda k: k[0] in "qmn", stays=lambda k: k in ("c1", "c2"),
+        rules=no_carry, place=place,
+    )  # fmt: skip
+    assert {"q1", "q2", "m"} <= set(placed)
+    assert _values(placed, ["r"]) == _values(dsk, ["r"])
+    # the partial still runs inside the contraction of its own worker (carried)...
+    fused = fuse_into_consumers(
+        dsk, keep=["r"], light=lambda k: k[0] in "qmn", stays=lambda k: k in ("c1", "c2"),
+        place=place,
+    )  # fmt: skip
+    assert not {"q1", "q2"} & set(fused) and get_sync(fused, "c1") == (6.0, 7.0)
+    # ...but not inside one of another worker's
+    crossed = fuse_into_consumers(
+        dsk, keep=["r"], light=lambda k: k[0] in "qmn", stays=lambda k: k in ("c1", "c2"),
+        place={**{k: 0 for k in ("c1", "n1", "z")}, "q1": 1, "c2": 1, "q2": 1, "n2": 1}.get,
+    )  # fmt: skip
+    assert "q1" in crossed and get_sync(crossed, "c1") == 6.0
+    assert _values(crossed, ["r"]) == _values(dsk, ["r"])
+
+
+def test_on_several_workers_a_chain_is_not_fused_across_workers():
+    dsk = {
+        "x": DataNode("x", 1.0),
+        "a": _t("a", operator.add, "x", 1.0),
+        "b": _t("b", operator.mul, "a", 3.0),
+    }
+    assert set(fuse_into_consumers(dsk, keep=["b"])) == {"x", "b"}
+    apart = fuse_into_consumers(dsk, keep=["b"], place={"a": 0, "b": 1}.get)
+    assert set(apart) == {"x", "a", "b"} and _values(apart, ["b"]) == {"b": 6.0}
+    # a task without a worker of its own may run in any reader
+    assert set(fuse_into_consumers(dsk, keep=["b"], place={"b": 1}.get)) == {"x", "b"}
+
+
 def _tiny_merge():
     """Tiles' partials p1, p2 -> their merge m (``combine``) -> the next layer's tiles
     n1, n2 (contractions one level up), and a later reader late of m."""

@@ -22,11 +22,12 @@ from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import Workers, compile_step
 from dfdl.runtime.session import EngineOptions
 from dfdl.taskgraph import exchange, step_tasks
+from dfdl.taskgraph.fuse import fused
 from dfdl.taskgraph.lower import lower, split_tiles
 from dfdl.taskgraph.optimize import GraphOptions, worker_restrictions
 from dfdl.taskgraph.partition import replicate_merges, stripped, tile_parts
 from dfdl.taskgraph.step_tasks import group_steps, run_exchange, run_local, run_serial
-from dfdl.taskgraph.tile_exec import Outputs
+from dfdl.taskgraph.tile_exec import Outputs, assemble_task, run_tile
 from tests.taskgraph.test_fuse import _train
 
 
@@ -167,6 +168,66 @@ def test_a_worker_is_sent_only_the_parts_of_a_packed_value_it_reads(monkeypatch)
     assert dask.threaded.get(out, KEEP, num_workers=2) == get_sync(dsk, KEEP) == (2003.0,)
     (packed,) = [v for v in sent if isinstance(v, Outputs)]  # (and r's value, for the loss)
     assert packed[0] is None and packed[1] == 3.0
+
+
+def _two_arrays(x):
+    return Outputs((np.full(1000, x), np.array([x + 1.0])))
+
+
+def _picks(i):
+    """A tile task's meta that takes output ``i`` of its first input (None: all of it)."""
+    spec = ("value", 0) if i is None else ("pick", 0, i)
+    return (np.negative, {}, [spec], [None], "r")
+
+
+@pytest.mark.parametrize(
+    "reader, parts",
+    [
+        ("tile", (1,)),
+        ("fused", (1,)),
+        ("fused-getitem", (1,)),
+        ("assemble", (1,)),
+        ("whole", None),
+    ],
+)
+def test_parts_read_through_tile_specs_and_fused_tasks(reader, parts, monkeypatch):
+    """What the other worker's members take of a packed value is read from the tile
+    tasks' input specs (``pick``), inside fused tasks too, whether a fused task reads the
+    value whole and its member picks or it reads the part; a tile task that reads the
+    value whole (``value``) is sent all of it."""
+    dsk = {("x", 0, 0): DataNode(("x", 0, 0), 2.0)}
+    dsk[("p", 0, 0)] = _t(("p", 0, 0), _two_arrays, ("x", 0, 0))
+    dsk[("q", 0, 0)] = Task(
+        ("q", 0, 0), np.sum, Task("t", operator.getitem, TaskRef(("p", 0, 0)), 0)
+    )
+    r, p = ("r", 0, 1), TaskRef(("p", 0, 0))
+    if reader == "tile":
+        dsk[r] = Task(r, run_tile, _picks(1), p)
+    elif reader == "fused":
+        dsk[r] = fused(Task("in", run_tile, _picks(1), p), Task(r, abs, TaskRef("in")), key=r)
+    elif reader == "fused-getitem":
+        inner = fused(Task("in", abs, TaskRef("v")), Task(r, np.negative, TaskRef("in")), key=r)
+        dsk[r] = inner.substitute({"v": Task("v", operator.getitem, p, 1)})
+    elif reader == "assemble":
+        dsk[r] = Task(r, assemble_task, (1,), [(0, 1, slice(None), slice(0, 1))], p)
+    else:
+        dsk[r] = Task(r, run_tile, (operator.itemgetter(1), {}, [("value", 0)], [None], "r"), p)
+    dsk[("loss", 0)] = Task(
+        ("loss", 0), np.add, TaskRef(("q", 0, 0)), Task("s", np.sum, TaskRef(r))
+    )
+    out = group_steps(
+        dsk, keep=KEEP, name=lambda s: ("step", s), place=lambda k: k[2] if len(k) > 2 else None,
+        parts=2, strip=str, peers=("w0", "w1"),
+    )  # fmt: skip
+    (share,) = [v for k, v in out.items() if k[:3] == ("step", 0, 0)]
+    tasks, owed = share.args[0], share.args[3]
+    assert [(tasks[i].key, parts_) for i, _, parts_ in owed] == [(("p", 0, 0), (parts,))]
+    sent = []
+    deliver = exchange.deliver
+    monkeypatch.setattr(exchange, "deliver", lambda k, v: sent.append(v) or deliver(k, v))
+    assert dask.threaded.get(out, KEEP, num_workers=2) == get_sync(dsk, KEEP)
+    (packed,) = [v for v in sent if isinstance(v, Outputs)]
+    assert (packed[0] is None) == (parts is not None) and packed[1] == 3.0
 
 
 def test_a_tiny_merge_is_computed_again_on_each_worker_that_reads_it():
