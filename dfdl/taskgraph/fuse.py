@@ -14,7 +14,9 @@ into fewer, larger tasks:
   again later inside its first reader, run a light gradient inside (or once with) the
   two contractions that read it, run a split BatchNorm's per-tile moments inside the
   convolution that produced the tile, and repeat a merge of tiny partials (at most
-  :data:`TINY_BYTES`) inside its next readers, for one worker process only.
+  :data:`TINY_BYTES`) inside its next readers, for one worker process only;
+* on several worker processes (``place``), a tile task runs only inside a task of its
+  own worker, so that fusion moves no tile's work, nor what it reads, to another worker.
 
 Guarantees: the requested keys (``keep``) stay keys with the same values, bit for bit;
 fusion changes which task runs a function, never its inputs or the order of a sum. A
