@@ -3,9 +3,16 @@ on ``dfdl.LocalCluster()`` (one process, a thread per core) and on
 ``dfdl.LocalCluster(N)`` (N processes of one thread), same training, same plan.
 
 For each workload of ``bench/run.py`` (``--full`` sizes by default) and each arm, a
-fresh embedded cluster trains ``1 + --steps`` steps twice (the first call warms the
-workers: numba's compilation, imports); the step time is the task stream's span over the
-steps after the first of the second call (as ``bench/run.py`` measures it). Arms:
+fresh embedded cluster trains twice (the first call warms the workers: numba's
+compilation, imports); the second call trains one group of :data:`GROUP` steps (the
+submission and, on several processes, the share of work per worker: ``unroll``) and then
+``--steps`` more, rounded up to whole groups. The step time is the span from the end of
+the first group's last task to the end of the last step's, over the steps between
+(:func:`group_span`). Windows of whole groups: a share runs a group's steps in one task
+and may run a member of an early step late (an update read only at the group's end),
+so the end of a step inside a group is no boundary (until 2026-11-28 the span started
+at the end of step 0, and a late step-0 member made some 2-process runs look up to
+twice as fast as they were). Arms:
 
 * ``one``: one process, a thread per core (the reference);
 * ``shares``: N processes, the engine's defaults (each worker's share of a submitted
@@ -26,7 +33,7 @@ from the one-process plan); the script stops if they are not.
 
 Usage:
     python bench/scale_out.py [--workload mlp resnet unet3d transformer] [--workers 2]
-        [--steps 3] [--small] [--json out.json]
+        [--steps 4] [--small] [--json out.json]
 """
 
 from __future__ import annotations
@@ -39,9 +46,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import FULL, SMALL, _step_span, make_data, train_streamed  # noqa: E402
+from run import FULL, SMALL, _step_ends, make_data, train_streamed  # noqa: E402
 
 import dfdl  # noqa: E402
+from dfdl.runtime.session import DEFAULT_UNROLL  # noqa: E402
 from dfdl.taskgraph.optimize import GraphOptions  # noqa: E402
 
 ARMS = {
@@ -54,6 +62,40 @@ ARMS = {
 }
 #: the arms' cluster arguments besides the number of workers
 CLUSTER = {"shares-tcp": {"security": False}}
+#: steps per submission (and per share of work on several processes): the warm-up
+#: and the timed window are whole groups
+GROUP = DEFAULT_UNROLL
+
+
+def timed_steps(steps: int) -> int:
+    """``steps`` rounded up to whole groups of :data:`GROUP`.
+
+    Example:
+        >>> timed_steps(3), timed_steps(8)
+        (4, 8)
+    """
+    return -(-max(steps, 1) // GROUP) * GROUP
+
+
+def group_span(records: list[dict], warm: int, last: int) -> float:
+    """Seconds from the end of the last task of steps ``< warm`` to the end of the last
+    task of steps ``<= last`` (task-stream records keyed ``(name, step, ...)``): a
+    step's end is that of every step up to it, so a member of an early step that ran
+    late moves the window's start to where its group really ended.
+
+    Example:
+        >>> rec = lambda k, a, b: {"key": k, "startstops": [
+        ...     {"action": "compute", "start": a, "stop": b}]}
+        >>> group_span([rec(("u", 0), 0.0, 5.0), rec(("x", 1), 0.0, 2.0),
+        ...             rec(("y", 2), 5.0, 9.0)], 2, 2)
+        4.0
+    """
+    ends = _step_ends(records)
+    if not any(s < warm for s in ends) or last not in ends:
+        raise RuntimeError(f"the task stream has no tasks before step {warm} or of step {last}")
+    t0 = max(v for s, v in ends.items() if s < warm)
+    t1 = max(v for s, v in ends.items() if s <= last)
+    return t1 - t0
 
 
 def step_time(
@@ -69,9 +111,9 @@ def step_time(
     with dfdl.LocalCluster(workers, **(cluster_kw or {})) as cluster, Client(cluster) as client:
         train_streamed(client, model, x, y, batch, kind, okw, 2, engine=options, tiles=tiles)
         result, records = train_streamed(
-            client, model, x, y, batch, kind, okw, 1 + steps, engine=options, tiles=tiles
+            client, model, x, y, batch, kind, okw, GROUP + steps, engine=options, tiles=tiles
         )
-    span, _ = _step_span(records, 1, steps)
+    span = group_span(records, GROUP, GROUP + steps - 1)
     return {"step_s": span / steps, "losses": result.history["loss"], "tiles": result.tiles}
 
 
@@ -80,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", nargs="+", choices=list(FULL), default=list(FULL))
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help=f"rounded up to {GROUP}s")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--small", action="store_true", help="bench/run.py's small sizes")
     parser.add_argument("--json", default=None)
@@ -88,12 +130,19 @@ def main(argv: list[str] | None = None) -> dict:
     from dfdl.models import ZOO
 
     configs = SMALL if args.small else FULL
-    out = {"workers": args.workers, "steps": args.steps, "load_at_start": os.getloadavg()[0]}
+    args.steps = timed_steps(args.steps)
+    out = {
+        "workers": args.workers,
+        "steps": args.steps,
+        "warmup_steps": GROUP,
+        "window": "whole groups",
+        "load_at_start": os.getloadavg()[0],
+    }
     rows = []
     for name in args.workload:
         cfg = configs[name]
         model = ZOO[name](**cfg[0])
-        x, y = make_data(name, cfg[0], cfg[1] * (args.steps + 1))
+        x, y = make_data(name, cfg[0], cfg[1] * (args.steps + GROUP))
         row = {"workload": name, "batch": cfg[1]}
         tiles = None
         for arm in args.arms:
