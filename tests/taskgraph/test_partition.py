@@ -145,6 +145,24 @@ def _two_outputs(x):
     return Outputs((np.full(1000, x), x + 1.0))
 
 
+def _exchanged(dsk, monkeypatch):
+    """``dsk`` grouped for two workers exchanging directly (the key's last index is the
+    worker) and run: worker 0's share's ``owed`` entries ``(key, workers, parts)``, the
+    loss, and the one packed value (``Outputs``) it sent."""
+    out = group_steps(
+        dsk, keep=KEEP, name=lambda s: ("step", s), place=lambda k: k[2] if len(k) > 2 else None,
+        parts=2, strip=str, peers=("w0", "w1"),
+    )  # fmt: skip
+    (share,) = [v for k, v in out.items() if k[:3] == ("step", 0, 0)]
+    tasks, owed = share.args[0], share.args[3]
+    sent = []
+    deliver = exchange.deliver
+    monkeypatch.setattr(exchange, "deliver", lambda k, v: sent.append(v) or deliver(k, v))
+    got = dask.threaded.get(out, KEEP, num_workers=2)
+    (packed,) = [v for v in sent if isinstance(v, Outputs)]  # (and r's value, for the loss)
+    return [(tasks[i].key, ps, parts) for i, ps, parts in owed], got, packed
+
+
 def test_a_worker_is_sent_only_the_parts_of_a_packed_value_it_reads(monkeypatch):
     """A fused task's packed value (its output and what it carries): the other worker's
     members take one part of it, and only that part travels."""
@@ -155,18 +173,9 @@ def test_a_worker_is_sent_only_the_parts_of_a_packed_value_it_reads(monkeypatch)
     )
     dsk[("r", 0, 1)] = Task(("r", 0, 1), abs, Task("u", operator.getitem, TaskRef(("p", 0, 0)), 1))
     dsk[("loss", 0)] = _t(("loss", 0), operator.add, ("q", 0, 0), ("r", 0, 1))
-    out = group_steps(
-        dsk, keep=KEEP, name=lambda s: ("step", s), place=lambda k: k[2] if len(k) > 2 else None,
-        parts=2, strip=str, peers=("w0", "w1"),
-    )  # fmt: skip
-    (share,) = [v for k, v in out.items() if k[:3] == ("step", 0, 0)]
-    tasks, owed = share.args[0], share.args[3]
-    assert [(tasks[i].key, ps, parts) for i, ps, parts in owed] == [(("p", 0, 0), (1,), ((1,),))]
-    sent = []
-    deliver = exchange.deliver
-    monkeypatch.setattr(exchange, "deliver", lambda k, v: sent.append(v) or deliver(k, v))
-    assert dask.threaded.get(out, KEEP, num_workers=2) == get_sync(dsk, KEEP) == (2003.0,)
-    (packed,) = [v for v in sent if isinstance(v, Outputs)]  # (and r's value, for the loss)
+    owed, got, packed = _exchanged(dsk, monkeypatch)
+    assert owed == [(("p", 0, 0), (1,), ((1,),))]
+    assert got == get_sync(dsk, KEEP) == (2003.0,)
     assert packed[0] is None and packed[1] == 3.0
 
 
@@ -215,18 +224,9 @@ def test_parts_read_through_tile_specs_and_fused_tasks(reader, parts, monkeypatc
     dsk[("loss", 0)] = Task(
         ("loss", 0), np.add, TaskRef(("q", 0, 0)), Task("s", np.sum, TaskRef(r))
     )
-    out = group_steps(
-        dsk, keep=KEEP, name=lambda s: ("step", s), place=lambda k: k[2] if len(k) > 2 else None,
-        parts=2, strip=str, peers=("w0", "w1"),
-    )  # fmt: skip
-    (share,) = [v for k, v in out.items() if k[:3] == ("step", 0, 0)]
-    tasks, owed = share.args[0], share.args[3]
-    assert [(tasks[i].key, parts_) for i, _, parts_ in owed] == [(("p", 0, 0), (parts,))]
-    sent = []
-    deliver = exchange.deliver
-    monkeypatch.setattr(exchange, "deliver", lambda k, v: sent.append(v) or deliver(k, v))
-    assert dask.threaded.get(out, KEEP, num_workers=2) == get_sync(dsk, KEEP)
-    (packed,) = [v for v in sent if isinstance(v, Outputs)]
+    owed, got, packed = _exchanged(dsk, monkeypatch)
+    assert [(key, parts_) for key, _, parts_ in owed] == [(("p", 0, 0), (parts,))]
+    assert got == get_sync(dsk, KEEP)
     assert (packed[0] is None) == (parts is not None) and packed[1] == 3.0
 
 
