@@ -74,10 +74,10 @@ def test_shape_rule_matches_forward(case):
 
 @pytest.mark.parametrize("case", RUNNABLE, ids=lambda c: c.name())
 @pytest.mark.parametrize("tiles", [None, "uneven"])
-def test_tiled_run_matches_reference(case, tiles, client):
+def test_tiled_run_matches_reference(case, tiles, op_client):
     import dfdl
 
-    got = dfdl.run(case.model(), case.feeds(), client=client, tiles=tiles)
+    got = dfdl.run(case.model(), case.feeds(), client=op_client, tiles=tiles)
     want = case.expected()
     for i, w in enumerate(want):
         assert_matches(got[f"out{i}"], w, case, f"output {i} at tiles={tiles}")

@@ -100,7 +100,7 @@ def _objective(case, inputs, weights) -> float:
 
 
 @pytest.mark.parametrize(("tiles", "case"), _runs(), ids=[f"{t}-{c.name()}" for t, c in _runs()])
-def test_vjp_matches_finite_differences(tiles, case, client):
+def test_vjp_matches_finite_differences(tiles, case, op_client):
     if REGISTRY[case.key].vjp is None:
         pytest.fail(f"{case.op} has no VJP rule")
     wrt_idx = _float_inputs(case)
@@ -139,7 +139,7 @@ def test_vjp_matches_finite_differences(tiles, case, client):
     assert present, "the loss depends on no float input"
     g.outputs = list(present.values())
     g.prune()
-    out = execute(make_plan(g, tiles, cores=2), feeds, client)
+    out = execute(make_plan(g, tiles, cores=2), feeds, op_client)
 
     rng = np.random.default_rng(11)
     base = [None if x is None else np.asarray(x) for x in case.inputs]

@@ -31,7 +31,7 @@ from dfdl.runtime import checkpoint
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="process groups are POSIX")
 
 #: kills in all; each is one trial
-TRIALS = 20
+TRIALS = 12
 STEPS = 24
 SEED = 39
 
