@@ -281,6 +281,42 @@ def _step_ends(records: list[dict]) -> dict[int, float]:
     return ends
 
 
+def member_id(key) -> str:
+    """A tile task's key without its run token and step, as a string: the same for the
+    task in every step and every run.
+
+    Example:
+        >>> member_id(("conv-fwd-ab12cd34", 3, 0, 1))
+        "('conv-fwd', 0, 1)"
+    """
+    return repr((key[0].rsplit("-", 1)[0], *key[2:]))
+
+
+def member_seconds(records: list[dict], first: int) -> dict[str, float]:
+    """Each tile task's mean compute seconds over steps ``>= first`` (task-stream
+    records, step tasks' members included as :func:`with_members` gives them), by
+    :func:`member_id`: what a real step's tasks took inside it.
+
+    Example:
+        >>> rec = lambda k, a, b: {"key": k, "startstops": [
+        ...     {"action": "compute", "start": a, "stop": b}]}
+        >>> member_seconds([rec(("a-x1", 0, 0), 0, 9), rec(("a-x2", 1, 0), 0, 1),
+        ...                 rec(("a-x3", 2, 0), 0, 3)], 1)
+        {"('a', 0)": 2.0}
+    """
+    times: dict = {}
+    for rec in records:
+        key = rec["key"]
+        if not (isinstance(key, tuple) and len(key) > 1 and isinstance(key[1], int)):
+            continue
+        if key[1] < first:
+            continue
+        for ss in rec.get("startstops", ()):
+            if ss["action"] == "compute":
+                times.setdefault(member_id(key), []).append(ss["stop"] - ss["start"])
+    return {k: sum(v) / len(v) for k, v in times.items()}
+
+
 def _step_span(records: list[dict], first: int, last: int) -> tuple[float, float]:
     """(seconds, task thread-seconds) from the end of step ``first - 1`` to the end of
     step ``last``, from task-stream records of one ``dfdl.train`` call.

@@ -32,8 +32,12 @@ The losses of every arm must be the same bits (the plan is the same: explicit ti
 from the one-process plan); the script stops if they are not.
 
 Usage:
-    python bench/scale_out.py [--workload mlp resnet unet3d transformer] [--workers 2]
-        [--steps 4] [--small] [--json out.json]
+    python bench/scale_out.py [--workload mlp resnet unet3d transformer resnet50]
+        [--workers 2] [--steps 4] [--small] [--json out.json]
+
+``resnet50`` (not run by default): ResNet-50 at 224 px, 8 samples a step, the size
+``bench/scale_sim.py`` predicts. Each arm also records its tile tasks' mean seconds
+inside the timed steps (``<arm>_members``), which the simulation's calibration replays.
 """
 
 from __future__ import annotations
@@ -44,13 +48,19 @@ import os
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import FULL, SMALL, _step_ends, make_data, train_streamed  # noqa: E402
+from run import FULL, SMALL, _step_ends, make_data, member_seconds, train_streamed  # noqa: E402
 
 import dfdl  # noqa: E402
 from dfdl.runtime.session import DEFAULT_UNROLL  # noqa: E402
 from dfdl.taskgraph.optimize import GraphOptions  # noqa: E402
+
+#: ResNet-50 at 224 px, 8 samples a step (not run by default): the size the scaling
+#: simulation predicts (``bench/scale_sim.py``), to calibrate it at that size too
+RESNET50 = ({}, 8, "sgd", dict(lr=0.01, momentum=0.9), {})
 
 ARMS = {
     "one": None,
@@ -103,7 +113,9 @@ def step_time(
 ) -> dict:
     """One arm on a fresh cluster (``workers`` processes, None: one process with a
     thread per core; ``cluster_kw``: more ``dfdl.LocalCluster`` arguments): seconds per
-    step, the timed call's losses and its tiling."""
+    step, the timed call's losses, its tiling and each tile task's mean seconds inside
+    the timed steps (``members``, by ``run.member_id``: what ``bench/scale_sim.py``
+    replays)."""
     from distributed import Client
 
     _, batch, kind, okw, _ = cfg
@@ -114,22 +126,38 @@ def step_time(
             client, model, x, y, batch, kind, okw, GROUP + steps, engine=options, tiles=tiles
         )
     span = group_span(records, GROUP, GROUP + steps - 1)
-    return {"step_s": span / steps, "losses": result.history["loss"], "tiles": result.tiles}
+    return {
+        "step_s": span / steps,
+        "losses": result.history["loss"],
+        "tiles": result.tiles,
+        "members": member_seconds(records, GROUP),
+    }
+
+
+def _workload(name: str, cfg: tuple, n: int) -> tuple:
+    """The model of workload ``name`` and ``n`` random samples with labels."""
+    if name != "resnet50":
+        from dfdl.models import ZOO
+
+        return (ZOO[name](**cfg[0]), *make_data(name, cfg[0], n))
+    from scale_graph import resnet50
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((n, 3, 224, 224), dtype=np.float32)
+    return resnet50(**cfg[0]), x, rng.integers(0, 1000, size=(n,), dtype=np.int64)
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Runs the arms on each workload; prints the table and writes JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", nargs="+", choices=list(FULL), default=list(FULL))
+    parser.add_argument("--workload", nargs="+", choices=[*FULL, "resnet50"], default=list(FULL))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4, help=f"rounded up to {GROUP}s")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--small", action="store_true", help="bench/run.py's small sizes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    from dfdl.models import ZOO
-
-    configs = SMALL if args.small else FULL
+    configs = {**(SMALL if args.small else FULL), "resnet50": RESNET50}
     args.steps = timed_steps(args.steps)
     out = {
         "workers": args.workers,
@@ -141,8 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for name in args.workload:
         cfg = configs[name]
-        model = ZOO[name](**cfg[0])
-        x, y = make_data(name, cfg[0], cfg[1] * (args.steps + GROUP))
+        model, x, y = _workload(name, cfg, cfg[1] * (args.steps + GROUP))
         row = {"workload": name, "batch": cfg[1]}
         tiles = None
         for arm in args.arms:
@@ -163,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
                 raise SystemExit(f"{name}: arm {arm} trained other losses than the first arm")
             row.setdefault("losses", got["losses"])
             row[arm] = got["step_s"]
+            row[f"{arm}_members"] = got["members"]
             print(f"  {name} {arm}: {got['step_s']:.3f} s/step ({time.perf_counter() - t0:.0f} s)")
         row["tiling"] = tiles
         rows.append(row)

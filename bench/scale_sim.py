@@ -54,6 +54,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scale_graph  # noqa: E402  (bench/ is not a package)
+from run import member_id  # noqa: E402
 from scale_graph import TOKEN, Cost, TaskCosts, members, step_graph, step_plan  # noqa: E402
 
 from dfdl.taskgraph import exchange  # noqa: E402
@@ -864,31 +865,10 @@ def real_step(name: str, cfg: tuple, workers: int, steps: int = 4, warmup: int =
         _, records = run.train_streamed(client, model, x, y, batch, kind, okw, warmup + steps)
     first = max(warmup, 1)
     span, _ = run._step_span(records, first, warmup + steps - 1)
-    times: dict = {}
-    for rec in records:
-        key = rec["key"]
-        if not (isinstance(key, tuple) and len(key) > 1 and isinstance(key[1], int)):
-            continue
-        if key[1] < first:
-            continue
-        for ss in rec.get("startstops", ()):
-            if ss["action"] == "compute":
-                times.setdefault(member_id(key), []).append(ss["stop"] - ss["start"])
     return {
         "step_s": span / (warmup + steps - first),
-        "members": {k: sum(v) / len(v) for k, v in times.items()},
+        "members": run.member_seconds(records, first),
     }
-
-
-def member_id(key: Hashable) -> str:
-    """A tile task's key without its run token and step, as a string: the same for the
-    task in every step and every run.
-
-    Example:
-        >>> member_id(("conv-fwd-ab12cd34", 3, 0, 1))
-        "('conv-fwd', 0, 1)"
-    """
-    return repr((key[0].rsplit("-", 1)[0], *key[2:]))
 
 
 def predicted_step(
@@ -1273,13 +1253,13 @@ def calibration_direct(
     Example:
         >>> rows = calibration_direct(json.load(open(so)), measured, model, over)  # doctest: +SKIP
     """
-    import run
 
     local = Network("this machine's loopback", 0.0, measured["bandwidth_bytes_s"], True)
     rows = []
     for r in scale_out["rows"]:
         name = r["workload"]
-        kw, batch, kind, okw, dims = run.FULL[name]
+        kw, batch, kind, okw, dims = workloads()[name]
+        batch = r.get("batch", batch)  # (ResNet-50's real runs take 8 samples, not 32)
         tiles = r["tiling"]
         for arm, n, threads in (("one", 1, 2), ("shares", 2, 1)):
             if arm not in r:
@@ -1288,28 +1268,64 @@ def calibration_direct(
             dsk, carried = step_graph(sp, n, direct=True, threads=threads)
             tasks = sim_tasks(sp, dsk, carried, model, threads)
             res = simulate(tasks, over, local)
-            rows.append(
-                {
-                    "workload": name,
-                    "workers": n,
-                    "threads": threads,
-                    "arm": arm,
-                    "real_step_s": r[arm],
-                    "simulated_step_s": res.makespan,
-                    "error": res.makespan / r[arm] - 1,
-                    "compute_per_worker_s": max(res.compute_s),
-                    "messages": res.messages,
-                    "message_bytes": res.message_bytes,
-                }
+            row = {
+                "workload": name,
+                "workers": n,
+                "threads": threads,
+                "arm": arm,
+                "real_step_s": r[arm],
+                "simulated_step_s": res.makespan,
+                "error": res.makespan / r[arm] - 1,
+                "compute_per_worker_s": max(res.compute_s),
+                "messages": res.messages,
+                "message_bytes": res.message_bytes,
+            }
+            own = r.get(f"{arm}_members")
+            if own:  # the same simulation, each member lasting what it took in this run
+                found = _members_found(dsk, own)
+                replay = simulate(sim_tasks(sp, dsk, carried, model, threads, own), over, local)
+                row.update(
+                    simulated_real_durations_s=replay.makespan,
+                    error_real_durations=replay.makespan / r[arm] - 1,
+                    compute_per_worker_real_durations_s=max(replay.compute_s),
+                    members_found=found,
+                )
+            rows.append(row)
+            replayed = (
+                f"; with the run's own member times {row['simulated_real_durations_s']:.3f} s"
+                f" ({100 * row['error_real_durations']:+.1f}%, {row['members_found']:.0%}"
+                " of members found)"
+                if own
+                else ""
             )
             print(
                 f"  calibration (direct) {name} {arm}: real {r[arm]:.3f} s, simulated"
-                f" {res.makespan:.3f} s ({100 * rows[-1]['error']:+.1f}%; members"
-                f" {max(res.compute_s):.3f} s per worker)",
+                f" {res.makespan:.3f} s ({100 * row['error']:+.1f}%; members"
+                f" {max(res.compute_s):.3f} s per worker){replayed}",
                 file=sys.stderr,
                 flush=True,
             )
     return rows
+
+
+def _member_tasks(dsk: dict) -> list[Task]:
+    """An optimized step graph's members: the tasks its step tasks run (receives of
+    another worker's values left out), and the tasks outside them."""
+    tasks = []
+    for k, node in dsk.items():
+        if not isinstance(node, Task):
+            continue
+        if _is_step(k):
+            tasks += [m for m in node.args[0] if m.func is not exchange.receive]
+        elif node.func not in (operator.getitem, _item_after):
+            tasks.append(node)
+    return tasks
+
+
+def _members_found(dsk: dict, measured: dict[str, float]) -> float:
+    """The share of an optimized step graph's members whose seconds ``measured`` has."""
+    tasks = _member_tasks(dsk)
+    return sum(member_id(t.key) in measured for t in tasks) / max(len(tasks), 1)
 
 
 def simulate_all(
@@ -1426,15 +1442,22 @@ def markdown(out: dict) -> str:
     if direct:
         lines = [
             "| workload | workers x threads | real s/step | simulated | error |"
-            " busiest worker's compute s | messages | MB sent |",
-            "|---|---|---|---|---|---|---|---|",
+            " busiest worker's compute s | messages | MB sent |"
+            " simulated, the run's member times | error |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in out.get("calibration", []):
+            replay = (
+                f" {r['simulated_real_durations_s']:.3f} |"
+                f" {100 * r['error_real_durations']:+.1f}% |"
+                if "error_real_durations" in r
+                else " - | - |"
+            )
             lines.append(
                 f"| {r['workload']} | {r['workers']} x {r['threads']} | {r['real_step_s']:.3f} |"
                 f" {r['simulated_step_s']:.3f} | {100 * r['error']:+.1f}% |"
                 f" {r['compute_per_worker_s']:.3f} | {r['messages']} |"
-                f" {r['message_bytes'] / 1e6:.0f} |"
+                f" {r['message_bytes'] / 1e6:.0f} |" + replay
             )
         labels: tuple = (
             "ib100",

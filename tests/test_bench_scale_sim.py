@@ -306,3 +306,43 @@ def test_the_simulated_messages_are_those_the_engine_s_shares_really_send(monkey
     assert set(simulated) == set(sent)
     for k, nbytes in sent.items():  # sizeof adds a few hundred bytes of Python objects
         assert simulated[k] == pytest.approx(nbytes, rel=0.1, abs=300), k
+
+
+def test_member_seconds_average_each_task_over_the_timed_steps():
+    import run
+
+    rec = lambda k, a, b: {"key": k, "startstops": [{"action": "compute", "start": a, "stop": b}]}  # noqa: E731
+    records = [
+        rec(("conv-fwd-aaaa", 0, 1), 0.0, 9.0),  # a warm-up step: left out
+        rec(("conv-fwd-bbbb", 1, 1), 0.0, 1.0),
+        rec(("conv-fwd-cccc", 2, 1), 5.0, 8.0),
+        rec(("conv-fwd-cccc", 2, 0), 5.0, 5.5),
+        rec("not-a-tile", 0.0, 4.0),
+    ]
+    assert run.member_seconds(records, 1) == {
+        "('conv-fwd', 1)": pytest.approx(2.0),
+        "('conv-fwd', 0)": pytest.approx(0.5),
+    }
+
+
+def test_a_real_two_process_run_s_members_are_the_simulated_graph_s():
+    """The member times ``bench/scale_out.py`` records of a real 2-process training
+    name every member of the graph the simulation builds for it, so a calibration
+    replays the run's own times, not the model's."""
+    import scale_out
+
+    from dfdl.models import ZOO
+
+    cfg = (sim.RESNET_TINY, 8, "sgd", {"lr": 0.1}, {})
+    model = ZOO["resnet"](**sim.RESNET_TINY)
+    x, y = scale_out.make_data("resnet", sim.RESNET_TINY, 8 * 8)
+    got = scale_out.step_time(2, scale_out.ARMS["shares"], model, x, y, cfg, 4, dict(sim.TWO_TILES))
+    assert got["members"] and all(s >= 0 for s in got["members"].values())
+    sp = sim.step_plan("resnet", sim.RESNET_TINY, 8, 2, ("sgd", {"lr": 0.1}), {}, got["tiles"])
+    dsk, carried = sim.step_graph(sp, 2, direct=True)
+    assert sim._members_found(dsk, got["members"]) == 1.0
+    own = sim.sim_tasks(
+        sp, dsk, carried, sim.DurationModel({"*": (1.0, 0.0, 0.0)}), 1, got["members"]
+    )
+    # every member lasts its run's time (milliseconds), none the model's 1 s
+    assert sim.simulate(own, FREE, NO_WIRE).makespan < 1.0
