@@ -80,3 +80,14 @@ def transformers():
     except ImportError:
         pass  # transformers works without torchvision
     return pytest.importorskip("transformers", reason="transformers not installed")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_export_per_family():
+    """A family's forward and training tests share one export per exporter (each takes
+    5-9 s here): ``tests/models/families.py``'s ``EXPORT_CACHE``."""
+    from tests.models import families
+
+    families.EXPORT_CACHE = {}
+    yield
+    families.EXPORT_CACHE = None

@@ -430,15 +430,31 @@ def xfail_reason(key: str, exporter: str, check: str) -> str | None:
 # ------------------------------------------------------------------------ export
 
 
-def export(module, example, exporter: str) -> onnx.ModelProto:
+#: serialized exports by ``(family key, exporter, input shape)`` where a process reuses
+#: them (the tests' conftest sets a dict; None: every call exports, as the benchmark
+#: times it). A family's module is the same network for the same seed, and its export
+#: has static shapes, so the forward and training tests of a family may share one.
+EXPORT_CACHE: dict | None = None
+
+
+def export(module, example, exporter: str, family: str | None = None) -> onnx.ModelProto:
     """``torch.onnx.export(module, (example,), **EXPORTERS[exporter])`` in eval mode,
-    static shapes, as a user calls it; the exporter's own messages are silenced."""
+    static shapes, as a user calls it; the exporter's own messages are silenced. With
+    ``family`` (its key) and :data:`EXPORT_CACHE` set, a copy of that family's earlier
+    export of the same shape, if any."""
     import torch
 
+    key = (family, exporter, np.shape(example))
+    if family is not None and EXPORT_CACHE is not None and key in EXPORT_CACHE:
+        model = onnx.ModelProto()
+        model.ParseFromString(EXPORT_CACHE[key])
+        return model
     x = torch.from_numpy(np.asarray(example))
     module.eval()
     with _quiet():
         program = torch.onnx.export(module, (x,), verbose=False, **EXPORTERS[exporter])
+    if family is not None and EXPORT_CACHE is not None:
+        EXPORT_CACHE[key] = program.model_proto.SerializeToString()
     return program.model_proto
 
 
@@ -483,7 +499,7 @@ def check_forward(module, family: Family, exporter: str, client) -> dict[str, An
 
     X, _ = family.inputs(BATCH, seed=3)
     t0 = time.perf_counter()
-    model = export(module, X, exporter)
+    model = export(module, X, exporter, family.key)
     t1 = time.perf_counter()
     name = model.graph.input[0].name
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -646,7 +662,7 @@ def check_training(module, family: Family, exporter: str, client) -> dict[str, A
     import dfdl
 
     X, y = family.inputs(STEPS * BATCH, seed=1)
-    model = export(module, X[:BATCH], exporter)
+    model = export(module, X[:BATCH], exporter, family.key)
     ref = torch_reference(module, model)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
