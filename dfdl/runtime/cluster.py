@@ -37,6 +37,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -367,10 +368,28 @@ def _spawn_workers_deaf_to_interrupts() -> None:
         signal, "pthread_sigmask"
     ):
         return
+    _start_quiet_resource_tracker()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+#: the warnings filter the resource tracker process starts with (``-W``)
+QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def _start_quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker, if it is not running, with its own
+    warnings off. A Ctrl-C while a worker process starts can leave that start's
+    semaphore registered; the tracker removes it when the command exits, and would print
+    two ``UserWarning`` lines ("leaked semaphore objects", "No such file or directory")
+    after ``dfdl: interrupted``. The filter names the tracker's module only, so a process
+    spawned meanwhile that inherits it loses no other warning."""
     from multiprocessing import resource_tracker
 
-    resource_tracker.ensure_running()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    sys.warnoptions.append(QUIET_TRACKER)  # the tracker's command line is built from it
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(QUIET_TRACKER)
 
 
 @functools.cache

@@ -206,3 +206,42 @@ def test_a_worker_killed_again_while_an_earlier_loss_timer_runs_keeps_its_nanny(
         time.sleep(timeout)  # the second kill's timer finds the worker back
         assert sorted(cluster.workers) == [0, 1]
         assert len(_names(client)) == 2
+
+
+#: leaves a semaphore registered with multiprocessing's resource tracker, as a worker
+#: start cut short by Ctrl-C does; with argv[1] == "cluster" the tracker is the one
+#: dfdl's embedded cluster starts
+_LEFT_SEMAPHORE = """
+import sys
+from multiprocessing import resource_tracker
+
+if __name__ == "__main__":
+    if sys.argv[1] == "cluster":
+        import dfdl
+
+        with dfdl.LocalCluster(1):
+            pass
+    resource_tracker.register("/dfdl-test-left-behind", "semaphore")
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the resource tracker is POSIX's")
+def test_the_resource_tracker_of_dfdl_s_cluster_cleans_up_without_a_word(tmp_path):
+    """After ``dfdl: interrupted`` the command prints nothing more: the tracker dfdl's
+    cluster starts removes a semaphore left registered without its two warnings, which
+    a tracker started otherwise prints (the control)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "left.py"
+    script.write_text(_LEFT_SEMAPHORE)
+    plain = subprocess.run(
+        [sys.executable, str(script), "plain"], capture_output=True, text=True, timeout=120
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert "leaked semaphore" in plain.stderr  # what the tracker says unless told not to
+    ours = subprocess.run(
+        [sys.executable, str(script), "cluster"], capture_output=True, text=True, timeout=120
+    )
+    assert ours.returncode == 0, ours.stderr
+    assert "resource_tracker" not in ours.stderr, ours.stderr
