@@ -267,13 +267,18 @@ def _computing(records: list[dict], t0: float, t1: float):
                 yield a, b
 
 
+def _step_of(key) -> int | None:
+    """The step of a task key ``(name, step, *tile)``; None for other keys."""
+    step = key[1] if isinstance(key, tuple) and len(key) > 1 else None
+    return step if isinstance(step, int) else None
+
+
 def _step_ends(records: list[dict]) -> dict[int, float]:
     """``{step: when its last task ended}`` from task-stream records."""
     ends: dict[int, float] = {}
     for rec in records:
-        key = rec["key"]
-        step = key[1] if isinstance(key, tuple) and len(key) > 1 else None
-        if not isinstance(step, int):
+        step = _step_of(rec["key"])
+        if step is None:
             continue
         for ss in rec.get("startstops", ()):
             if ss["action"] == "compute":
@@ -306,14 +311,12 @@ def member_seconds(records: list[dict], first: int) -> dict[str, float]:
     """
     times: dict = {}
     for rec in records:
-        key = rec["key"]
-        if not (isinstance(key, tuple) and len(key) > 1 and isinstance(key[1], int)):
-            continue
-        if key[1] < first:
+        step = _step_of(rec["key"])
+        if step is None or step < first:
             continue
         for ss in rec.get("startstops", ()):
             if ss["action"] == "compute":
-                times.setdefault(member_id(key), []).append(ss["stop"] - ss["start"])
+                times.setdefault(member_id(rec["key"]), []).append(ss["stop"] - ss["start"])
     return {k: sum(v) / len(v) for k, v in times.items()}
 
 

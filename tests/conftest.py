@@ -1,4 +1,5 @@
-"""Shared fixtures: one real LocalCluster (2 worker processes) for the whole session."""
+"""Shared fixtures: one real LocalCluster (2 worker processes) for the whole session,
+and one of 2 in-process workers for the per-op tests."""
 
 from __future__ import annotations
 
@@ -7,17 +8,32 @@ from collections import Counter
 import pytest
 
 
-@pytest.fixture(scope="session")
-def client():
+def _two_workers(processes: bool):
+    """A client of a LocalCluster of two one-thread workers, closed after use."""
     from distributed import Client, LocalCluster
 
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=processes, dashboard_address=None
         ) as cluster,
         Client(cluster) as c,
     ):
         yield c
+
+
+@pytest.fixture(scope="session")
+def client():
+    yield from _two_workers(processes=True)
+
+
+@pytest.fixture(scope="session")
+def op_client():
+    """Two one-thread workers inside the test process, for the per-op tiled runs
+    (``tests/ops``): thousands of tiny graphs, where a round trip between worker
+    processes (about 50 ms a graph) would be most of the time. What the per-op tests
+    check (tile rules, kernels, VJPs) does not depend on processes; values crossing
+    processes are checked by the training tests on ``client``."""
+    yield from _two_workers(processes=False)
 
 
 @pytest.fixture(scope="session", autouse=True)
