@@ -67,6 +67,42 @@ def canonicalize_node(node: Node, version: int, graph: Graph) -> list[Node]:
     return [node]
 
 
+def untie_running_statistics(graph: Graph) -> list[str]:
+    """Give each BatchNormalization running statistic that an exporter aliased to another
+    initializer its own copy, in place; returns the statistics untied.
+
+    TorchScript's exporter stores equal initializers once: a freshly initialized
+    BatchNorm's running mean (zeros) becomes ``Identity(bias)`` and its running variance
+    (ones) ``Identity(weight)``. Training updates the statistics and the affine
+    parameters apart, so each statistic read through Identity nodes from an initializer
+    becomes an initializer of its own with that value, and its Identity goes.
+
+    Example:
+        >>> g = Graph("g", ["x"], ["y"], [Node("i", "Identity", ["b"], ["m"]),
+        ...     Node("bn", "BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])])
+        >>> g.initializers.update(s=np.ones(2), b=np.zeros(2), v=np.ones(2))
+        >>> untie_running_statistics(g), [n.name for n in g.nodes]
+        (['m'], ['bn'])
+    """
+    producers = {o: n for n in graph.nodes for o in n.outputs}
+    untied = []
+    for node in graph.nodes:
+        if node.op_type != "BatchNormalization" or node.domain or len(node.inputs) < 5:
+            continue
+        for name in node.inputs[3:5]:
+            source = name
+            while source in producers and producers[source].op_type == "Identity":
+                source = producers[source].inputs[0]
+            if source == name or source not in graph.initializers:
+                continue
+            graph.initializers[name] = np.array(graph.initializers[source], copy=True)
+            untied.append(name)
+    for name in untied:
+        if producers[name] in graph.nodes:
+            graph.nodes.remove(producers[name])
+    return untied
+
+
 def complete_conversion(model: onnx.ModelProto, version: int) -> None:
     """Rewrite, in place, what ``onnx.version_converter`` leaves in an older form when it
     converts ``model`` from default-domain opset ``version``.

@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, version_converter
 
 from dfdl.errors import ModelError, UnsupportedOpError
-from dfdl.ir.canonical import canonicalize_node, complete_conversion
+from dfdl.ir.canonical import canonicalize_node, complete_conversion, untie_running_statistics
 from dfdl.ir.graph import Graph, Node
 from dfdl.ops.registry import ONNX_DOMAINS
 
@@ -504,7 +504,9 @@ def to_ir(model: onnx.ModelProto) -> Graph:
     :func:`load_model` has already done so). Nodes get unique names (``f"{op_type}_{i}"``
     where the file has none), attributes get their schema defaults, and older-opset
     forms are rewritten to the latest one (for example ReduceMean's ``axes`` attribute
-    becomes its second input). Nodes of ops dfdl lacks (other domains, control flow)
+    becomes its second input), and BatchNorm running statistics an exporter aliased to
+    other initializers get their own (:func:`dfdl.ir.canonical.untie_running_statistics`).
+    Nodes of ops dfdl lacks (other domains, control flow)
     are kept: :func:`dfdl.ir.bind.bind` lists them all in one UnsupportedOpError.
     """
     model = convert_opset(model)
@@ -544,6 +546,7 @@ def to_ir(model: onnx.ModelProto) -> Graph:
         attrs.update({a.name: _attr_value(a) for a in n.attribute})
         node = Node(name, n.op_type, list(n.input), list(n.output), attrs, domain)
         graph.nodes.extend(canonicalize_node(node, version, graph))
+    untie_running_statistics(graph)
     return graph
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 import onnx.defs
 
-from dfdl.errors import ConfigError, DfdlError, ShapeError
+from dfdl.errors import ConfigError, DfdlError, ModelError, ShapeError
 from dfdl.ir.bind import TYPE_ONLY_INPUTS, bind
 from dfdl.ir.graph import Graph
 from dfdl.ops import lookup
@@ -221,6 +221,8 @@ def training_mode(graph: Graph, seed: int) -> tuple[list[str], list[str]]:
         if n.op_type == "BatchNormalization" and not n.domain:
             n.attrs["training_mode"] = 1
             mean, var = n.inputs[3], n.inputs[4]
+            for stat in (mean, var):
+                _check_statistic(n, stat, graph)
             n.outputs = [n.outputs[0], f"{mean}.next", f"{var}.next"]
             buffers += [mean, var]
         elif n.op_type == "Dropout" and not n.domain:
@@ -232,6 +234,18 @@ def training_mode(graph: Graph, seed: int) -> tuple[list[str], list[str]]:
             n.attrs["seed"] = node_seed(seed, n.name, 0)
             dropout.append(n.name)
     return buffers, dropout
+
+
+def _check_statistic(node, name: str, graph: Graph) -> None:
+    """Raise unless BatchNorm ``node``'s running statistic ``name`` is stored in the model
+    (training updates it; :func:`dfdl.ir.canonical.untie_running_statistics` has given
+    the ones TorchScript's exporter aliased their own copies)."""
+    if name not in graph.initializers:
+        raise ModelError(
+            f"BatchNormalization node {node.name!r}: its running statistic {name!r} is not "
+            "stored in the model (a graph input, or computed); to train, the running mean "
+            "and variance must be initializers (export in eval mode without constant folding)"
+        )
 
 
 def node_seed(seed: int, node: str, step: int) -> int:
