@@ -83,16 +83,20 @@ class DfdlRep(BackendRep):
 class DfdlBackend(Backend):
     """ONNX backend running models through dfdl's planner and lowering on Dask.
 
-    ``prepare(model, device, tiles=...)`` accepts dfdl's ``tiles`` argument;
-    :meth:`with_tiles` makes a backend class with a fixed tiling (for test suites).
+    ``prepare(model, device, tiles=..., client=...)`` accepts dfdl's ``tiles`` argument
+    and a Dask client; :meth:`with_tiles` makes a backend class with a fixed tiling (for
+    test suites). The class attribute ``client`` (None: :func:`shared_client`) is the
+    client of every ``prepare`` that names none.
     """
 
     tiles = None
+    client = None
 
     @classmethod
     def prepare(cls, model, device: str = "CPU", **kwargs):
         super().prepare(model, device, **kwargs)
-        return DfdlRep(model, tiles=kwargs.get("tiles", cls.tiles), client=kwargs.get("client"))
+        tiles, client = kwargs.get("tiles", cls.tiles), kwargs.get("client", cls.client)
+        return DfdlRep(model, tiles=tiles, client=client)
 
     @classmethod
     def supports_device(cls, device: str) -> bool:

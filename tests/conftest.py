@@ -36,6 +36,17 @@ def op_client():
     yield from _two_workers(processes=False)
 
 
+@pytest.fixture(scope="module")
+def backend_in_process(op_client):
+    """``dfdl.backend`` runs on ``op_client`` instead of its own cluster of worker
+    processes, for the ONNX suites' thousands of small graphs (as ``op_client``)."""
+    from dfdl.onnx_backend import DfdlBackend
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DfdlBackend, "client", op_client)
+        yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _plan_without_worker_footprint():
     """Plan tiles against the limits alone, as with Dask's process-memory thresholds off:

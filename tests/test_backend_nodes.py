@@ -1,5 +1,6 @@
 """ONNX's official backend node tests, run through dfdl.backend (planner + lowering +
-Dask), once at the automatic tiling and once at a forced uneven tiling.
+Dask), once at the automatic tiling and once at a forced uneven tiling, on a cluster of
+two workers inside the test process (``backend_in_process`` in ``tests/conftest.py``).
 
 Selected: every node test whose graph uses only op types in dfdl's registry, at any
 opset: a case older than opset 13 is selected by the ops of its graph converted to
@@ -18,6 +19,7 @@ import warnings
 from collections import Counter
 
 import onnx.backend.test
+import pytest
 from onnx.backend.test.loader import load_model_tests
 
 import dfdl
@@ -25,6 +27,8 @@ from dfdl.errors import ModelError
 from dfdl.ir.onnx_io import MIN_OPSET, convert_opset
 from dfdl.ir.sequences import SEQUENCE_OPS
 from dfdl.ops import REGISTRY
+
+pytestmark = pytest.mark.usefixtures("backend_in_process")
 
 #: node tests not expected to pass, by regular expression on the case name, with why
 EXCLUDED = {

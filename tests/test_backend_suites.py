@@ -12,6 +12,9 @@ Suites (all shipped inside the ``onnx`` package, nothing is downloaded):
   input is ``arange(n) / n`` in the input's shape and the expected output is the file's
   ``*_output_0.pb``. Automatic tiling only (they are the suite's expensive part).
 
+The cases run on two workers inside the test process (``backend_in_process`` in
+``tests/conftest.py``); the SqueezeNet logits check runs on the backend's own cluster.
+
 Selected: every case whose ops (after conversion to opset 13, as dfdl loads it) are all
 in dfdl's registry, so cases start running as ops are added. The others are not
 collected; their reason (the ops dfdl lacks) is computed here and counted per suite in
@@ -186,6 +189,7 @@ def _data_sets(case: SuiteCase, model: onnx.ModelProto) -> list[tuple[list, list
     return out
 
 
+@pytest.mark.usefixtures("backend_in_process")
 @pytest.mark.parametrize(("case", "tiling"), RUNS)
 def test_suite_case(case: SuiteCase, tiling: str):
     """The case's outputs match the recorded ones within the suite's tolerances."""

@@ -60,15 +60,17 @@ def _run(tg, values, tiles, step=3):
     """Every output of one training step, computed by dask's synchronous scheduler."""
     plan = plan_graph(tg, tiles)
     dsk, outs = lower(plan, plan_sources(plan, values), step=step, attrs=tg.seeds(0, step))
+    names = [tg.loss, *tg.new.values()]
+    # one pass of the scheduler for every output (a pass per output ran the step again)
+    wanted = sorted({k for name in names for k, _ in outs[name].values()}, key=str)
+    got = dict(zip(wanted, dask.get(dsk, wanted)))
     result = {}
-    for name in [tg.loss, *tg.new.values()]:
+    for name in names:
         t = plan.graph.types[name]
         arr = np.empty(t.shape, t.dtype)
-        keys = list(outs[name].items())
-        got = dask.get(dsk, [k for _, (k, _) in keys])
         regions = tile_regions(plan.chunks[name])
-        for (idx, (_, pos)), v in zip(keys, got):
-            arr[regions[idx]] = v if pos is None else v[pos]
+        for idx, (k, pos) in outs[name].items():
+            arr[regions[idx]] = got[k] if pos is None else got[k][pos]
         result[name] = arr
     return result, plan, dsk
 
