@@ -28,18 +28,18 @@ def client():
 
 @pytest.fixture(scope="session")
 def op_client():
-    """Two one-thread workers inside the test process, for the per-op tiled runs
-    (``tests/ops``): thousands of tiny graphs, where a round trip between worker
-    processes (about 50 ms a graph) would be most of the time. What the per-op tests
-    check (tile rules, kernels, VJPs) does not depend on processes; values crossing
-    processes are checked by the training tests on ``client``."""
+    """Two one-thread workers inside the test process, for the ONNX suites' thousands of
+    small graphs (``backend_in_process``), where a round trip between worker processes
+    (about 50 ms a graph) would be most of the time. What they check (each op's tiles on a
+    cluster) does not depend on processes; values crossing processes are checked by the
+    training tests on ``client``."""
     yield from _two_workers(processes=False)
 
 
 @pytest.fixture(scope="module")
 def backend_in_process(op_client):
     """``dfdl.backend`` runs on ``op_client`` instead of its own cluster of worker
-    processes, for the ONNX suites' thousands of small graphs (as ``op_client``)."""
+    processes."""
     from dfdl.onnx_backend import DfdlBackend
 
     with pytest.MonkeyPatch.context() as mp:

@@ -5,7 +5,9 @@ validation): it cuts the feeds into the plan's tiles (embedded in the graph, or
 scattered above :data:`SCATTER_BYTES`; an initializer that is a whole file's memory map,
 as ``weights_dir`` leaves them, is read by the workers tile by tile), lowers the plan
 (:func:`dfdl.taskgraph.lower.lower`), submits the graph (:func:`dfdl.runtime.submit.get`)
-and assembles each output from its tiles as numpy arrays by name. A failed task raises a
+and assembles each output from its tiles as numpy arrays by name. :func:`lowered` and
+:func:`assemble` are its first and last part, for running the same graph elsewhere
+(the per-op tests run it with dask's synchronous scheduler). A failed task raises a
 :class:`~dfdl.errors.DfdlError` naming the node, op and tile. The same plan and feeds
 give the same outputs bit for bit on any cluster.
 
@@ -14,6 +16,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 from dask.task_spec import DataNode, Task, TaskRef
@@ -51,7 +55,7 @@ def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int, t
         refs = {}
         for idx, tile in tiles.items():
             key = (task_name(f"{name}-{kind}", token), step, *idx)
-            if tile.nbytes > SCATTER_BYTES:
+            if tile.nbytes > SCATTER_BYTES and client is not None:
                 big[key] = tile
                 refs[idx] = key
             else:
@@ -68,13 +72,31 @@ def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int, t
     return dsk, sources, keep
 
 
-def execute(plan: Plan, feeds: dict[str, np.ndarray], client, *, step: int = 0) -> dict:
-    """Run one forward pass of ``plan`` on ``client``'s cluster; numpy outputs by name.
+@dataclass
+class Pass:
+    """One forward pass of a plan as a task graph (:func:`lowered`).
 
-    Raises:
-        DfdlError: a task failed; the message names the node, op and tile.
+    Attributes:
+        dsk: the tasks (source tiles included).
+        want: the keys whose values make up the outputs.
+        outputs: per graph output, ``{tile index: (key, position or None)}``.
+        keep: scattered futures the graph reads (held until it ran).
     """
-    graph = plan.graph
+
+    dsk: dict
+    want: list
+    outputs: dict
+    keep: list = field(default_factory=list)
+
+
+def lowered(plan: Plan, feeds: dict[str, np.ndarray], client=None, *, step: int = 0) -> Pass:
+    """The task graph of one forward pass of ``plan`` on ``feeds``: tiles over
+    :data:`SCATTER_BYTES` are scattered with ``client`` (embedded with None).
+
+    Example:
+        >>> p = lowered(plan, {"x": x})  # doctest: +SKIP
+        >>> outputs = assemble(plan, {"x": x}, p, dict(zip(p.want, dask.get(p.dsk, p.want))))
+    """
     token = new_token()
     dsk, sources, keep = _source_tiles(plan, feeds, client, step, token)
     tasks, outputs = lower(plan, sources, step=step, token=token)
@@ -83,16 +105,13 @@ def execute(plan: Plan, feeds: dict[str, np.ndarray], client, *, step: int = 0) 
         {ref for tiles in outputs.values() for ref, _ in tiles.values() if isinstance(ref, tuple)},
         key=str,
     )
-    values = {}
-    if want:
-        try:
-            got = submit.get(client, dsk, want, sync=True)
-        except TileError:
-            raise
-        except DfdlError:
-            raise
-        values = dict(zip(want, got))
-    del keep
+    return Pass(dsk, want, outputs, keep)
+
+
+def assemble(plan: Plan, feeds: dict[str, np.ndarray], lowered_pass: Pass, values) -> dict:
+    """Each graph output as one numpy array, from the values of ``lowered_pass.want``
+    (``{key: value}``)."""
+    graph = plan.graph
     result = {}
     for name in graph.outputs:
         t = graph.types[name]
@@ -104,8 +123,28 @@ def execute(plan: Plan, feeds: dict[str, np.ndarray], client, *, step: int = 0) 
             continue
         out = np.empty(t.shape, dtype=t.dtype)
         regions = tile_regions(plan.chunks[name])
-        for idx, (ref, pos) in outputs[name].items():
+        for idx, (ref, pos) in lowered_pass.outputs[name].items():
             v = values[ref]
             out[regions[idx]] = v if pos is None else v[pos]
         result[name] = out
     return result
+
+
+def execute(plan: Plan, feeds: dict[str, np.ndarray], client, *, step: int = 0) -> dict:
+    """Run one forward pass of ``plan`` on ``client``'s cluster; numpy outputs by name.
+
+    Raises:
+        DfdlError: a task failed; the message names the node, op and tile.
+    """
+    p = lowered(plan, feeds, client, step=step)
+    values = {}
+    if p.want:
+        try:
+            got = submit.get(client, p.dsk, p.want, sync=True)
+        except TileError:
+            raise
+        except DfdlError:
+            raise
+        values = dict(zip(p.want, got))
+    p.keep.clear()
+    return assemble(plan, feeds, p, values)

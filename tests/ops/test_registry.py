@@ -1,6 +1,8 @@
 """Every registered op, checked case by case (cases come from ``tests/ops/cases_*.py``).
 
-An op in the registry without a case fails ``test_every_op_has_cases``.
+An op in the registry without a case fails ``test_every_op_has_cases``. The tiled runs
+are planned as ``dfdl.run`` plans them and their tile tasks run in this process
+(``tests/ops/sync_run.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dfdl.ops.gpu  # noqa: F401  (its kernels' accept rules are checked on the
 import tests.ops as cases_pkg
 from dfdl.ops import REGISTRY
 from dfdl.ops.registry import TensorType
+from tests.ops.sync_run import run_model
 
 
 def _load_cases():
@@ -74,10 +77,8 @@ def test_shape_rule_matches_forward(case):
 
 @pytest.mark.parametrize("case", RUNNABLE, ids=lambda c: c.name())
 @pytest.mark.parametrize("tiles", [None, "uneven"])
-def test_tiled_run_matches_reference(case, tiles, op_client):
-    import dfdl
-
-    got = dfdl.run(case.model(), case.feeds(), client=op_client, tiles=tiles)
+def test_tiled_run_matches_reference(case, tiles):
+    got = run_model(case.model(), case.feeds(), tiles=tiles)
     want = case.expected()
     for i, w in enumerate(want):
         assert_matches(got[f"out{i}"], w, case, f"output {i} at tiles={tiles}")

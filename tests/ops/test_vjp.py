@@ -1,10 +1,11 @@
 """Every VJP rule against float64 central finite differences, through the tiled engine.
 
 For each OpCase of a differentiable op, the loss is ``sum_k sum(out_k * r_k)`` with fixed
-random ``r_k``; dfdl's autodiff builds the backward graph, which runs on the Dask
-cluster at the automatic tiling (and, for each op's first :data:`UNEVEN_CASES_PER_OP`
-cases, at an uneven one); the gradient's projections on random directions must equal
-central differences of the numpy forward evaluated in float64.
+random ``r_k``; dfdl's autodiff builds the backward graph, whose tile tasks run (by
+dask's synchronous scheduler, ``tests/ops/sync_run.py``) at the automatic tiling (and,
+for each op's first :data:`UNEVEN_CASES_PER_OP` cases, at an uneven one); the gradient's
+projections on random directions must equal central differences of the numpy forward
+evaluated in float64.
 A differentiable op without a VJP rule, or without a case that exercises it, fails.
 """
 
@@ -18,8 +19,8 @@ from dfdl.ir.onnx_io import to_ir
 from dfdl.ops import REGISTRY
 from dfdl.ops.registry import TensorType
 from dfdl.plan.tiling import make_plan
-from dfdl.runtime.executor import execute
 from dfdl.training.autodiff import gradients
+from tests.ops.sync_run import CORES, run_plan
 from tests.ops.test_registry import CASES
 
 DIRECTIONS = 3
@@ -100,7 +101,7 @@ def _objective(case, inputs, weights) -> float:
 
 
 @pytest.mark.parametrize(("tiles", "case"), _runs(), ids=[f"{t}-{c.name()}" for t, c in _runs()])
-def test_vjp_matches_finite_differences(tiles, case, op_client):
+def test_vjp_matches_finite_differences(tiles, case):
     if REGISTRY[case.key].vjp is None:
         pytest.fail(f"{case.op} has no VJP rule")
     wrt_idx = _float_inputs(case)
@@ -139,7 +140,7 @@ def test_vjp_matches_finite_differences(tiles, case, op_client):
     assert present, "the loss depends on no float input"
     g.outputs = list(present.values())
     g.prune()
-    out = execute(make_plan(g, tiles, cores=2), feeds, op_client)
+    out = run_plan(make_plan(g, tiles, cores=CORES), feeds)
 
     rng = np.random.default_rng(11)
     base = [None if x is None else np.asarray(x) for x in case.inputs]
