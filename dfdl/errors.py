@@ -157,6 +157,14 @@ class FoldedParametersWarning(DfdlWarning):
     trains. Export with ``torch.onnx.export(..., optimize=False)`` to train."""
 
 
+class TiedParametersWarning(DfdlWarning):
+    """Float initializers of the model are read through ``Identity`` nodes under other
+    names: dfdl trains each such group as one tensor, as the file says. TorchScript's
+    exporter in eval mode writes this for parameters that were merely equal (a fresh
+    network's BatchNorm scales and shifts); export in ``TrainingMode.TRAINING`` or with
+    dynamo to keep them apart. Parameters tied on purpose need nothing."""
+
+
 class ClientMemoryWarning(DfdlWarning):
     """The model's weights are a large share of the client's free memory: without
     ``weights_dir`` the client loads, sends and gathers them all (several copies at its

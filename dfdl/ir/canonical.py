@@ -10,7 +10,7 @@ than opset 13 reach it through ``onnx.version_converter``
 converter leaves in an older form.
 
 Example:
-    >>> g = Graph("g", ["x"], ["y"], [])
+    >>> g = Graph(inputs=["x"], outputs=["y"])
     >>> node = Node("r", "ReduceMean", ["x"], ["y"], attrs={"axes": [1]})
     >>> canonicalize_node(node, 13, g)[0].inputs, g.initializers["r__axes"]
     (['x', 'r__axes'], array([1]))
@@ -78,7 +78,7 @@ def untie_running_statistics(graph: Graph) -> list[str]:
     becomes an initializer of its own with that value, and its Identity goes.
 
     Example:
-        >>> g = Graph("g", ["x"], ["y"], [Node("i", "Identity", ["b"], ["m"]),
+        >>> g = Graph(inputs=["x"], outputs=["y"], nodes=[Node("i", "Identity", ["b"], ["m"]),
         ...     Node("bn", "BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])])
         >>> g.initializers.update(s=np.ones(2), b=np.zeros(2), v=np.ones(2))
         >>> untie_running_statistics(g), [n.name for n in g.nodes]
@@ -101,6 +101,36 @@ def untie_running_statistics(graph: Graph) -> list[str]:
         if producers[name] in graph.nodes:
             graph.nodes.remove(producers[name])
     return untied
+
+
+def tied_initializers(graph: Graph) -> dict[str, str]:
+    """Values that are float initializers read through Identity nodes: ``{value: the
+    initializer}``. Training trains each such pair as one tensor, as the file says.
+
+    TorchScript's exporter in eval mode stores equal initializers once, so the scales
+    (ones) and shifts (zeros) of a fresh network's BatchNorms of one width come out as
+    one tensor and Identity copies of it, where PyTorch trains them apart.
+
+    Example:
+        >>> g = Graph(inputs=["x"], outputs=["y"], nodes=[
+        ...     Node("i", "Identity", ["a.weight"], ["b.weight"]),
+        ...     Node("m", "Mul", ["x", "b.weight"], ["y"])])
+        >>> g.initializers["a.weight"] = np.ones(2, np.float32)
+        >>> tied_initializers(g)
+        {'b.weight': 'a.weight'}
+    """
+    producers = {o: n for n in graph.nodes for o in n.outputs}
+    tied = {}
+    for node in graph.nodes:
+        if node.op_type != "Identity" or node.domain:
+            continue
+        source = node.inputs[0]
+        while source in producers and producers[source].op_type == "Identity":
+            source = producers[source].inputs[0]
+        value = graph.initializers.get(source)
+        if value is not None and value.dtype.kind == "f" and source not in graph.constants:
+            tied[node.outputs[0]] = source
+    return tied
 
 
 def complete_conversion(model: onnx.ModelProto, version: int) -> None:

@@ -49,7 +49,9 @@ from dfdl.errors import (
     ConfigError,
     DataError,
     FoldedParametersWarning,
+    TiedParametersWarning,
 )
+from dfdl.ir.canonical import tied_initializers
 from dfdl.ir.onnx_io import ModelLike, exporter_folded, file_tensor_bytes, load_model, to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import StepPlan, Workers, choose_variant, training_plan
@@ -273,6 +275,20 @@ class TrainingSession:
                 "those copies, not the network PyTorch trains; export with "
                 "torch.onnx.export(..., optimize=False) to train it",
                 FoldedParametersWarning,
+                stacklevel=3,
+            )
+        tied = tied_initializers(self.graph)
+        if tied:
+            shown = ", ".join(f"{k} = {v}" for k, v in list(tied.items())[:3]) + (
+                f" and {len(tied) - 3} more" if len(tied) > 3 else ""
+            )
+            warnings.warn(
+                f"{self.name} reads {len(tied)} float initializers through Identity nodes "
+                f"under other names ({shown}): each group trains as one tensor, as the file "
+                "says; if they are separate parameters in PyTorch (TorchScript's exporter "
+                "in eval mode stores equal ones once), export with "
+                "training=torch.onnx.TrainingMode.TRAINING or dynamo=True",
+                TiedParametersWarning,
                 stacklevel=3,
             )
         self.X, self.y = split_data(data, "data")

@@ -1,5 +1,6 @@
 """dfdl.ir.canonical.untie_running_statistics: BatchNorm running statistics that an
-exporter aliased to other initializers get their own copies at load."""
+exporter aliased to other initializers get their own copies at load; and
+tied_initializers, the float initializers read under other names (which train as one)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import dfdl
 from dfdl.errors import ModelError
+from dfdl.ir.canonical import tied_initializers
+from dfdl.ir.graph import Graph, Node
 from dfdl.ir.onnx_io import to_ir
 from dfdl.ops.registry import TensorType
 from dfdl.training.graph import build_training_graph
@@ -66,3 +69,21 @@ def test_a_computed_running_mean_cannot_train_and_the_error_names_the_node():
     assert [n.op_type for n in g.nodes] == ["Add", "BatchNormalization"]  # inference runs
     with pytest.raises(ModelError, match="'bn'.*running statistic 'm'"):
         _train_graph(_batch_norm_model("Add"))
+
+
+def test_tied_initializers_follow_identity_chains_to_float_initializers():
+    g = Graph(
+        name="g",
+        inputs=["x"],
+        outputs=["b", "c", "s", "z"],
+        nodes=[
+            Node("i1", "Identity", ["a"], ["b"]),
+            Node("i2", "Identity", ["b"], ["c"]),
+            Node("i3", "Identity", ["shape"], ["s"]),  # an integer initializer: no tie
+            Node("i4", "Identity", ["x"], ["z"]),  # data
+        ],
+    )
+    g.initializers.update(a=np.ones(2, np.float32), shape=np.array([2], np.int64))
+    assert tied_initializers(g) == {"b": "a", "c": "a"}
+    g.constants = frozenset({"a"})  # a constant the exporter marked: it does not train
+    assert tied_initializers(g) == {}
