@@ -22,11 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from dask.task_spec import DataNode, Task, TaskRef
 
-from dfdl.errors import DfdlError
 from dfdl.plan.tiling import Plan
 from dfdl.runtime import stored, submit
 from dfdl.taskgraph.lower import lower, new_token, split_tiles, task_name, tile_regions
-from dfdl.taskgraph.tile_exec import TileError
 
 #: tiles larger than this are scattered to the workers instead of embedded in the graph
 SCATTER_BYTES = 1 * 2**20
@@ -73,7 +71,7 @@ def _source_tiles(plan: Plan, feeds: dict[str, np.ndarray], client, step: int, t
 
 
 @dataclass
-class Pass:
+class ForwardPass:
     """One forward pass of a plan as a task graph (:func:`lowered`).
 
     Attributes:
@@ -89,7 +87,7 @@ class Pass:
     keep: list = field(default_factory=list)
 
 
-def lowered(plan: Plan, feeds: dict[str, np.ndarray], client=None, *, step: int = 0) -> Pass:
+def lowered(plan: Plan, feeds: dict[str, np.ndarray], client=None, *, step: int = 0) -> ForwardPass:
     """The task graph of one forward pass of ``plan`` on ``feeds``: tiles over
     :data:`SCATTER_BYTES` are scattered with ``client`` (embedded with None).
 
@@ -105,10 +103,10 @@ def lowered(plan: Plan, feeds: dict[str, np.ndarray], client=None, *, step: int 
         {ref for tiles in outputs.values() for ref, _ in tiles.values() if isinstance(ref, tuple)},
         key=str,
     )
-    return Pass(dsk, want, outputs, keep)
+    return ForwardPass(dsk, want, outputs, keep)
 
 
-def assemble(plan: Plan, feeds: dict[str, np.ndarray], lowered_pass: Pass, values) -> dict:
+def assemble(plan: Plan, feeds: dict[str, np.ndarray], lowered_pass: ForwardPass, values) -> dict:
     """Each graph output as one numpy array, from the values of ``lowered_pass.want``
     (``{key: value}``)."""
     graph = plan.graph
@@ -139,12 +137,6 @@ def execute(plan: Plan, feeds: dict[str, np.ndarray], client, *, step: int = 0) 
     p = lowered(plan, feeds, client, step=step)
     values = {}
     if p.want:
-        try:
-            got = submit.get(client, p.dsk, p.want, sync=True)
-        except TileError:
-            raise
-        except DfdlError:
-            raise
-        values = dict(zip(p.want, got))
+        values = dict(zip(p.want, submit.get(client, p.dsk, p.want, sync=True)))
     p.keep.clear()
     return assemble(plan, feeds, p, values)
