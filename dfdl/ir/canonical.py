@@ -67,6 +67,13 @@ def canonicalize_node(node: Node, version: int, graph: Graph) -> list[Node]:
     return [node]
 
 
+def _through_identities(name: str, producers: dict[str, Node]) -> str:
+    """The value ``name`` copies through a chain of Identity nodes (itself if none)."""
+    while name in producers and producers[name].op_type == "Identity":
+        name = producers[name].inputs[0]
+    return name
+
+
 def untie_running_statistics(graph: Graph) -> list[str]:
     """Give each BatchNormalization running statistic that an exporter aliased to another
     initializer its own copy, in place; returns the statistics untied.
@@ -90,9 +97,7 @@ def untie_running_statistics(graph: Graph) -> list[str]:
         if node.op_type != "BatchNormalization" or node.domain or len(node.inputs) < 5:
             continue
         for name in node.inputs[3:5]:
-            source = name
-            while source in producers and producers[source].op_type == "Identity":
-                source = producers[source].inputs[0]
+            source = _through_identities(name, producers)
             if source == name or source not in graph.initializers:
                 continue
             graph.initializers[name] = np.array(graph.initializers[source], copy=True)
@@ -124,9 +129,7 @@ def tied_initializers(graph: Graph) -> dict[str, str]:
     for node in graph.nodes:
         if node.op_type != "Identity" or node.domain:
             continue
-        source = node.inputs[0]
-        while source in producers and producers[source].op_type == "Identity":
-            source = producers[source].inputs[0]
+        source = _through_identities(node.inputs[0], producers)
         value = graph.initializers.get(source)
         if value is not None and value.dtype.kind == "f" and source not in graph.constants:
             tied[node.outputs[0]] = source
