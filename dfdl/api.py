@@ -27,6 +27,7 @@ import onnx
 from dfdl.errors import ShapeError
 from dfdl.ir.graph import Graph
 from dfdl.ir.onnx_io import LARGE_MODEL_BYTES, ModelLike, from_ir, load_model, tensor_bytes, to_ir
+from dfdl.ir.torch_folds import unfold
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import Workers, inference_plan
 from dfdl.plan.tiling import Plan
@@ -317,7 +318,7 @@ def training_graph(
         ...                         dfdl.optim.SGD(lr=0.1, momentum=0.9))
     """
     optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
-    graph = to_ir(load_model(model))
+    graph = to_ir(unfold(load_model(model)))  # as dfdl.train reads it
     declared, dtype = graph.declared[graph.inputs[0]]
     shape = tuple(batch_size if not isinstance(d, int) else d for d in declared)
     labels = None

@@ -74,6 +74,7 @@ def describe_model(model, title: str = "model", conversion_failure: str = "") ->
     from dfdl.ir.bind import FOLD_LIMIT_BYTES, describe_unsupported, unsupported_ops
     from dfdl.ir.graph import Node
     from dfdl.ir.onnx_io import MAX_OPSET, MIN_OPSET, converted_from, exporter_folded
+    from dfdl.ir.torch_folds import unfold, unfolded
     from dfdl.ops import lookup
     from dfdl.ops.registry import ONNX_DOMAINS
     from dfdl.plan.estimate import format_bytes
@@ -107,7 +108,15 @@ def describe_model(model, title: str = "model", conversion_failure: str = "") ->
         if op is not None and op.fold_only:
             mark = f"supported (constant path, folded at plan time up to {fold_cap})"
         lines.append(f"  {_op_name(domain, op_type):{width}s} {count:6d}  {mark}")
-    folded = exporter_folded(model)
+    as_trained = unfold(model)
+    restored = unfolded(as_trained)
+    if restored:
+        kinds = Counter(how.split(":")[0] for how in restored.values())
+        lines.append(
+            f"parameters torch's optimizing exporter folded, undone at load: {len(restored)} "
+            f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})"
+        )
+    folded = exporter_folded(as_trained)
     if folded:
         lines.append(
             f"folded by torch's optimizing exporter: {len(folded)} "

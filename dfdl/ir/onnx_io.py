@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper, version_converter
 from dfdl.errors import ModelError, UnsupportedOpError
 from dfdl.ir.canonical import canonicalize_node, complete_conversion, untie_running_statistics
 from dfdl.ir.graph import Graph, Node
+from dfdl.ir.torch_folds import TORCH_INPUT_KIND, UNFOLDED, folded_from, is_state_name
 from dfdl.ops.registry import ONNX_DOMAINS
 
 #: default-domain opsets dfdl reads (13 is the oldest whose op semantics it implements);
@@ -550,20 +551,18 @@ def to_ir(model: onnx.ModelProto) -> Graph:
     return graph
 
 
-#: the metadata key torch's exporter puts on the value of each parameter and buffer
-TORCH_INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
-
-
 def exporter_constants(model: onnx.ModelProto) -> list[str]:
     """Float initializers that torch's exporter lifted from constants, not parameters.
 
     torch's exporter marks the value of every parameter and buffer with
     :data:`TORCH_INPUT_KIND`; its optimizer (``optimize=True``, the default) also stores
     constants as initializers: a GELU's ``0.5`` and exponent ``3.0`` (whose gradient,
-    ``x**3 * log(x)``, is NaN for negative ``x``), a causal mask of ``-3.4e38``. In a file
-    that has the marks, an unmarked float initializer that is a scalar or holds a
-    non-finite or ``+-finfo.max`` value is such a constant. Unmarked tensors (a
-    transposed weight, ``val_12``) stay trainable; files without the marks give ``[]``.
+    ``x**3 * log(x)``, is NaN for negative ``x``), a causal mask of ``-3.4e38``, an
+    attention mask of zeros. In a file that has the marks, an unmarked float initializer
+    that is a scalar, holds a non-finite or ``+-finfo.max`` value, or was folded from
+    program nodes alone (its ``folded_from`` list names no parameter or buffer,
+    :func:`dfdl.ir.torch_folds.is_state_name`) is such a constant. Other unmarked tensors
+    (a transposed weight, ``val_12``) stay trainable; files without the marks give ``[]``.
 
     Example:
         >>> exporter_constants(onnx.load("gpt2.onnx"))  # doctest: +SKIP
@@ -573,9 +572,15 @@ def exporter_constants(model: onnx.ModelProto) -> list[str]:
     marked = _torch_marked(g)
     if not marked:
         return []
+    meta = {vi.name: vi for vi in g.value_info}
     out = []
     for t in g.initializer:
         if t.name in marked or t.data_type not in _FLOAT_ELEM_TYPES:
+            continue
+        vi = meta.get(t.name)
+        sources = folded_from({p.key: p.value for p in vi.metadata_props}) if vi else None
+        if sources is not None and not any(is_state_name(s) for s in sources):
+            out.append(t.name)
             continue
         if mapped_location(t) is not None:  # a large tensor left in its file: not read here
             if raw_nbytes(t) <= np.dtype(np.float64).itemsize:
@@ -592,12 +597,12 @@ def exporter_folded(model: onnx.ModelProto) -> list[str]:
 
     With ``optimize=True`` (the default) torch's exporter folds what it can compute
     ahead: a weight is stored transposed, a class token already expanded to the example's
-    batch, equal LayerNorm parameters merged into one, each as a new, unmarked
-    initializer. Training such a file trains those copies as parameters of their own: a
-    different network than PyTorch's. In a file with torch's parameter marks
-    (:data:`TORCH_INPUT_KIND`), these are the unmarked float initializers that are not
-    :func:`exporter_constants` and carry a name the optimizer makes up; files without the
-    marks give ``[]``.
+    batch, each as a new, unmarked initializer. Training such a file trains those copies
+    as parameters of their own: a different network than PyTorch's.
+    :func:`dfdl.ir.torch_folds.unfold` undoes what it can explain and marks what it made;
+    what is left, in a file with torch's parameter marks (:data:`TORCH_INPUT_KIND`), are
+    the unmarked float initializers that are not :func:`exporter_constants` and carry a
+    name the optimizer makes up; files without the marks give ``[]``.
 
     Example:
         >>> exporter_folded(onnx.load("vit-default.onnx"))  # doctest: +SKIP
@@ -629,11 +634,12 @@ def _made_by_exporter(name: str, initializers: set[str]) -> bool:
 
 
 def _torch_marked(g: onnx.GraphProto) -> set[str]:
-    """Names of the values torch's exporter marked with :data:`TORCH_INPUT_KIND`."""
+    """Names of the values torch's exporter marked with :data:`TORCH_INPUT_KIND`, and
+    those :func:`dfdl.ir.torch_folds.unfold` made (:data:`UNFOLDED`)."""
     return {
         vi.name
         for vi in (*g.input, *g.value_info)
-        if any(p.key == TORCH_INPUT_KIND for p in vi.metadata_props)
+        if any(p.key in (TORCH_INPUT_KIND, UNFOLDED) for p in vi.metadata_props)
     }
 
 

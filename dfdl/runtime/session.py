@@ -53,6 +53,7 @@ from dfdl.errors import (
 )
 from dfdl.ir.canonical import tied_initializers
 from dfdl.ir.onnx_io import ModelLike, exporter_folded, file_tensor_bytes, load_model, to_ir
+from dfdl.ir.torch_folds import unfold
 from dfdl.ops.registry import TensorType
 from dfdl.plan.compile import StepPlan, Workers, choose_variant, training_plan
 from dfdl.plan.estimate import format_bytes
@@ -261,7 +262,8 @@ class TrainingSession:
         if config.weights_dir is None and isinstance(model, str | os.PathLike):
             check_client_memory(model)  # before the client loads what it cannot hold
         # with weights_dir the workers read the model's external data themselves
-        self.proto = load_model(model, map_external=config.weights_dir is not None)
+        # torch's optimizing exporter merged, transposed and expanded parameters: undone
+        self.proto = unfold(load_model(model, map_external=config.weights_dir is not None))
         self.graph = to_ir(self.proto)
         self.name = _model_name(model, self.proto)
         folded = exporter_folded(self.proto)

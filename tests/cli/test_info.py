@@ -90,3 +90,12 @@ def test_info_says_which_initializers_torchs_optimizer_folded():
     line = "folded by torch's optimizing exporter: 1 initializer (training them"
     assert line in describe_model(torch_marked_model(folded=True))
     assert "folded" not in describe_model(torch_marked_model(folded=False))
+
+
+def test_info_counts_what_it_undoes_of_torchs_optimizer():
+    from tests.ir.test_torch_folds import _linear_parts
+
+    text = describe_model(_linear_parts())
+    line = "parameters torch's optimizing exporter folded, undone at load: 2"
+    assert f"{line} (bias restored 1, transposed 1)" in text
+    assert "folded by torch's optimizing exporter:" not in text  # nothing left unexplained

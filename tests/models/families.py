@@ -27,11 +27,12 @@ dfdl recommends) and checked two ways:
 
 The PyTorch side trains what the ONNX file computes (:func:`torch_reference`). The
 default exporter folds every ``Conv -> BatchNormalization`` pair into the convolution
-(the eval-mode BatchNorm evaluated into the weights) and drops all-zero biases (which
-random initialization makes): its files train without those BatchNorms and biases. The
-reference folds the same pairs in the PyTorch module
-(``torch.fx.experimental.optimization.fuse``) and freezes the parameters the file lacks;
-:func:`check_training` asserts that dfdl trains exactly the reference's parameters.
+(the eval-mode BatchNorm evaluated into the weights): the reference folds the same pairs
+in the PyTorch module (``torch.fx.experimental.optimization.fuse``). What else that
+exporter folds (merged, transposed, expanded or dropped parameters) dfdl undoes at load
+(:func:`dfdl.ir.torch_folds.unfold`); :func:`check_training` asserts that dfdl trains
+every parameter of the reference, each under its PyTorch name or as a value folded from
+it, and nothing else.
 
 :data:`LM_FORMS` are the ways a user writes a language model's loss over (batch x
 sequence) tokens, checked by ``tests/models/test_families_transformers.py``.
@@ -375,12 +376,6 @@ LM_FORMS: dict[str, Family] = {
 #: (family or LM form key, exporter or "*", check or "*") -> why it fails today. The
 #: tests mark these cases ``xfail(strict=True)``: a case that starts passing fails the
 #: suite until its entry is removed (except :data:`LOTTERY`'s).
-_FOLDED = (
-    "torch's default exporter (optimize=True) folds and copies parameters into new "
-    "initializers (transposed weights, a class token expanded to the batch, position "
-    "embeddings gathered, equal LayerNorm parameters merged): the file trains a different "
-    "network than PyTorch's; export with optimize=False to train"
-)
 _F32 = (
     "float32 error above PyTorch's own at the last step (issue 38, float32 accuracy): a "
     "lottery of near-ties, not lost precision. The eval-mode forward's error equals "
@@ -397,14 +392,6 @@ _F32 = (
     "float32 run, and were not tried there against the spread"
 )
 XFAIL: dict[tuple[str, str, str], str] = {
-    ("convnext", "default", "train"): _FOLDED,
-    ("vit", "default", "train"): _FOLDED,
-    ("bert", "default", "train"): _FOLDED,
-    ("hf_vit", "default", "train"): _FOLDED,
-    ("gpt2", "default", "train"): _FOLDED,
-    ("logits_btv", "default", "train"): _FOLDED,
-    ("logits_bvt", "default", "train"): _FOLDED,
-    ("model_loss", "default", "train"): _FOLDED,
     ("efficientnet", "default", "train"): (
         "the default export folds BatchNorm into the convolutions (eval-mode statistics): "
         "at lr 0.01 that network diverges, in PyTorch too (loss 3.4e4 at step 2, then NaN)"
@@ -415,8 +402,8 @@ XFAIL: dict[tuple[str, str, str], str] = {
 }
 #: XFAIL cases whose outcome depends on the CPU's rounding: marked xfail without strict
 LOTTERY = {k for k, v in XFAIL.items() if v is _F32}
-#: XFAIL cases not run in the tests (they are structural; bench/model_families.py runs them)
-NOT_RUN = {k for k, v in XFAIL.items() if v is _FOLDED or k[0] == "efficientnet"}
+#: XFAIL cases not run in the tests (bench/model_families.py runs them)
+NOT_RUN = {k for k in XFAIL if k[0] == "efficientnet"}
 
 
 def xfail_reason(key: str, exporter: str, check: str) -> str | None:
@@ -526,9 +513,10 @@ def torch_reference(module, model: onnx.ModelProto):
 
     A copy of ``module`` in eval mode; where the file has fewer BatchNormalization nodes
     than the module has BatchNorms (the default exporter folds Conv -> BatchNorm pairs
-    into the convolution), the same pairs folded (``torch.fx``); parameters that are not
-    initializers of the file are frozen (the default exporter drops all-zero biases,
-    which random initialization makes, and the folded convolutions' zero biases).
+    into the convolution), the same pairs folded (``torch.fx``). Every parameter trains:
+    :func:`check_training` asserts that dfdl trains each of them (what torch's
+    optimizing exporter merged, transposed, expanded or dropped,
+    :func:`dfdl.ir.torch_folds.unfold` restores).
 
     Raises:
         AssertionError: the BatchNorms left differ between the two.
@@ -543,23 +531,34 @@ def torch_reference(module, model: onnx.ModelProto):
         with torch.no_grad():
             ref = fuse(ref)
     assert left == _batchnorms(ref), f"{left} BatchNorms in the file, {_batchnorms(ref)} in torch"
-    inits = {torch_name(t.name) for t in model.graph.initializer}
-    _untie(ref, inits)
-    for name, p in ref.named_parameters():
-        p.requires_grad_(name in inits)
+    _untie(ref, {torch_name(t.name) for t in model.graph.initializer})
+    for p in ref.parameters():
+        p.requires_grad_(True)  # fuse() makes the biases it adds (zeros before) frozen
     return ref
+
+
+def trained_as(name: str, model: onnx.ModelProto, params: set[str]) -> set[str]:
+    """The PyTorch parameters among ``params`` that dfdl's trained tensor ``name`` of the
+    unfolded file ``model`` stands for: its own name, else the parameters its value was
+    folded from (a slice of position embeddings, a token-type row expanded to the batch)."""
+    from dfdl.ir.torch_folds import folded_from, value_metadata
+
+    if torch_name(name) in params:
+        return {torch_name(name)}
+    return set(folded_from(value_metadata(model.graph).get(name, {})) or ()) & params
 
 
 def _untie(module, inits: set[str]) -> None:
     """Give each tied parameter that the file stores twice its own copy (GPT-2's
     ``lm_head.weight`` is ``transformer.wte.weight`` in PyTorch; the ``optimize=False``
-    export writes two initializers, which train apart, as the file computes)."""
+    export writes two initializers, which train apart, as the file computes; the default
+    export stores one, read by the embedding and, transposed, by the head)."""
     import torch
 
     seen = {id(p) for _, p in module.named_parameters()}
     first = {id(p): n for n, p in module.named_parameters()}
     for name, p in list(module.named_parameters(remove_duplicate=False)):
-        if id(p) in seen and first[id(p)] != name and name in inits:
+        if id(p) in seen and first[id(p)] != name and {name, first[id(p)]} <= inits:
             owner, _, attr = name.rpartition(".")
             sub = module.get_submodule(owner) if owner else module
             setattr(sub, attr, torch.nn.Parameter(p.detach().clone()))
@@ -660,6 +659,7 @@ def check_training(module, family: Family, exporter: str, client) -> dict[str, A
     import torch
 
     import dfdl
+    from dfdl.ir.torch_folds import unfold
 
     X, y = family.inputs(STEPS * BATCH, seed=1)
     model = export(module, X[:BATCH], exporter, family.key)
@@ -681,15 +681,18 @@ def check_training(module, family: Family, exporter: str, client) -> dict[str, A
         )
     t1 = time.perf_counter()
     got = [float(v) for v in result.history["loss"]]
-    # dfdl trains the file's float initializers that reach the loss: the same tensors as
-    # the reference's trainable parameters (plus BatchNorm's running statistics)
-    trained = {k for k, p in ref.named_parameters() if p.requires_grad}
+    # dfdl trains the unfolded file's float initializers that reach the loss: each is a
+    # reference parameter or folded from some (or a BatchNorm running statistic), and
+    # together they are all of the reference's parameters
+    named = dict(ref.named_parameters(remove_duplicate=False))  # tied ones by each name
     buffers = {k for k, _ in ref.named_buffers()}
-    dfdl_trained = {torch_name(k) for k in result.params}
-    extra = sorted(dfdl_trained - trained - buffers)
-    assert not extra and trained <= dfdl_trained, (
-        f"dfdl trains {extra} that PyTorch does not; PyTorch trains "
-        f"{sorted(trained - dfdl_trained)} that dfdl does not"
+    unfolded = unfold(model)
+    stands_for = {k: trained_as(k, unfolded, set(named)) for k in result.params}
+    extra = sorted(k for k, v in stands_for.items() if not v and torch_name(k) not in buffers)
+    covered = {id(named[n]) for v in stands_for.values() for n in v}
+    missing = sorted(k for k, p in ref.named_parameters() if id(p) not in covered)
+    assert not extra and not missing, (
+        f"dfdl trains {extra} that PyTorch does not; PyTorch trains {missing} that dfdl does not"
     )
     t32 = torch_losses(ref, family, X, y, torch.float32)
     t2 = time.perf_counter()
