@@ -549,10 +549,10 @@ def trained_as(name: str, model: onnx.ModelProto, params: set[str]) -> set[str]:
 
 
 def _untie(module, inits: set[str]) -> None:
-    """Give each tied parameter that the file stores twice its own copy (GPT-2's
-    ``lm_head.weight`` is ``transformer.wte.weight`` in PyTorch; the ``optimize=False``
-    export writes two initializers, which train apart, as the file computes; the default
-    export stores one, read by the embedding and, transposed, by the head)."""
+    """Give each tied parameter that the file stores under both its names its own copy,
+    as the file trains them. GPT-2's ``lm_head.weight`` is ``transformer.wte.weight`` in
+    PyTorch, and torch 2.13's exports store it once, as ``lm_head.weight``, read by the
+    embedding and (transposed) by the head: it stays tied."""
     import torch
 
     seen = {id(p) for _, p in module.named_parameters()}
