@@ -92,6 +92,7 @@ def measure(keys: list[str]) -> dict[str, Any]:
             "batch": F.BATCH,
             "steps": F.STEPS,
             "lr": F.LR,
+            "lr_by_family": {k: f.lr for k, f in F.FAMILIES.items() if f.lr != F.LR},
             "momentum": F.MOMENTUM,
             "forward_rtol": F.FORWARD_RTOL,
             "loss_rtol": F.LOSS_RTOL,
