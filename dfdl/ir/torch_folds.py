@@ -163,6 +163,7 @@ class _Unfolder:
         self.names = set(self.inits) | {o for n in g.node for o in n.output}
         self.names |= {vi.name for vi in g.input}
         self.present = {m[ORIGINAL_NAME].lower() for m in self.meta.values() if ORIGINAL_NAME in m}
+        self.value_info = {vi.name: vi for vi in g.value_info}
         self.made: dict[str, str] = {}
         self.prepend: list[onnx.NodeProto] = []
 
@@ -200,12 +201,11 @@ class _Unfolder:
         if original is not None:
             props |= {TORCH_INPUT_KIND: "PARAMETER", ORIGINAL_NAME: original}
             self.present.add(original)
-        vi = next((v for v in self.g.value_info if v.name == name), None)
+        vi = self.value_info.get(name)
         if vi is None:
             elem = helper.np_dtype_to_tensor_dtype(array.dtype)
-            vi = helper.make_tensor_value_info(name, elem, list(array.shape))
-            self.g.value_info.append(vi)
-            vi = self.g.value_info[-1]
+            self.g.value_info.append(helper.make_tensor_value_info(name, elem, list(array.shape)))
+            vi = self.value_info[name] = self.g.value_info[-1]
         for k, v in props.items():
             if k not in {p.key for p in vi.metadata_props}:
                 vi.metadata_props.add(key=k, value=v)
@@ -237,9 +237,6 @@ class _Unfolder:
             if sources and any(is_state_name(s) for s in sources):
                 out.append((name, sources))
         return out
-
-    def _readers(self, name: str) -> list[onnx.NodeProto]:
-        return [n for n in self.g.node if name in n.input]
 
     # ------------------------------------------------------------------ rules
 
@@ -299,12 +296,16 @@ class _Unfolder:
             node.input.append(dotted)
 
     def _untranspose(self) -> None:
+        readers_of: dict[str, list[onnx.NodeProto]] = {}
+        for node in self.g.node:
+            for i in set(node.input):
+                readers_of.setdefault(i, []).append(node)
         for name, sources in self._folded():
             if len(sources) != 1 or not is_state_name(sources[0]):
                 continue
             source = sources[0]
             program = _program_name(source, "p_")
-            readers = self._readers(name)
+            readers = readers_of.get(name, [])
             linear = all(
                 "aten.linear" in _node_meta(n).get(FX_NODE, "") and program in _placeholders(n)
                 for n in readers
