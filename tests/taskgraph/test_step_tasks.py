@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import operator
 import threading
+import time
 import weakref
 from collections import Counter
 
@@ -162,6 +163,39 @@ def test_a_value_is_dropped_after_its_last_reader_in_the_step(monkeypatch):
     )
     ((total, dropped),) = run_local(tasks, ((), (0,), (1,)), (2,), ())
     assert total == 3.0 and dropped
+
+
+@pytest.mark.parametrize("runner", ["run_local", "run_serial", "run_exchange"])
+def test_no_thread_keeps_a_step_s_values_after_it_returns(runner, monkeypatch):
+    # the inputs (last step's weights) must go when Dask releases them, not when the
+    # thread runs its next step task (the worker held a step's weights for a step more)
+    monkeypatch.setattr(gang, "HELPERS", 1)
+    seen = []
+
+    def read(x):
+        seen.append(step_tasks.STEP_VALUES.values["x"] is x)  # there while it runs
+        return float(x.sum())
+
+    weight = np.ones(1000)
+    gone = weakref.ref(weight)
+    tasks = (
+        Task("s", lambda a, b: a + b, TaskRef("a"), TaskRef("b")),
+        Task("a", read, TaskRef("x")),
+        Task("b", read, TaskRef("x")),
+    )
+    deps, exports = ((1, 2), (), ()), (0,)
+    if runner == "run_exchange":
+        out = step_tasks.run_exchange(tasks, deps, exports, (), ("w0",), 0, ("x",), weight)
+    else:
+        out = getattr(step_tasks, runner)(tasks, deps, exports, ("x",), weight)
+    assert out == (2000.0,) and seen == [True, True]
+    del weight
+    for _ in range(500):  # a helper may still be on its way out of the step
+        if gone() is None:
+            break
+        time.sleep(0.01)
+    assert gone() is None
+    assert getattr(step_tasks.STEP_VALUES, "values", None) is None
 
 
 def test_a_task_s_error_is_raised_after_the_running_ones_finish(monkeypatch):
