@@ -31,7 +31,13 @@ from onnx import helper, numpy_helper, version_converter
 from dfdl.errors import ModelError, UnsupportedOpError
 from dfdl.ir.canonical import canonicalize_node, complete_conversion, untie_running_statistics
 from dfdl.ir.graph import Graph, Node
-from dfdl.ir.torch_folds import TORCH_INPUT_KIND, UNFOLDED, folded_from, is_state_name
+from dfdl.ir.torch_folds import (
+    TORCH_INPUT_KIND,
+    UNFOLDED,
+    folded_from,
+    is_state_name,
+    value_metadata,
+)
 from dfdl.ops.registry import ONNX_DOMAINS
 
 #: default-domain opsets dfdl reads (13 is the oldest whose op semantics it implements);
@@ -569,16 +575,15 @@ def exporter_constants(model: onnx.ModelProto) -> list[str]:
         ['val_7', 'val_154', 'val_198', 'val_160']
     """
     g = model.graph
-    marked = _torch_marked(g)
+    meta = value_metadata(g)
+    marked = _torch_marked(meta)
     if not marked:
         return []
-    meta = {vi.name: vi for vi in g.value_info}
     out = []
     for t in g.initializer:
         if t.name in marked or t.data_type not in _FLOAT_ELEM_TYPES:
             continue
-        vi = meta.get(t.name)
-        sources = folded_from({p.key: p.value for p in vi.metadata_props}) if vi else None
+        sources = folded_from(meta[t.name]) if t.name in meta else None
         if sources is not None and not any(is_state_name(s) for s in sources):
             out.append(t.name)
             continue
@@ -609,7 +614,7 @@ def exporter_folded(model: onnx.ModelProto) -> list[str]:
         ['expand', 'val_14']
     """
     g = model.graph
-    marked = _torch_marked(g)
+    marked = _torch_marked(value_metadata(g))
     if not marked:
         return []
     constants = set(exporter_constants(model))
@@ -633,14 +638,11 @@ def _made_by_exporter(name: str, initializers: set[str]) -> bool:
     return "." not in name
 
 
-def _torch_marked(g: onnx.GraphProto) -> set[str]:
+def _torch_marked(meta: dict[str, dict[str, str]]) -> set[str]:
     """Names of the values torch's exporter marked with :data:`TORCH_INPUT_KIND`, and
-    those :func:`dfdl.ir.torch_folds.unfold` made (:data:`UNFOLDED`)."""
-    return {
-        vi.name
-        for vi in (*g.input, *g.value_info)
-        if any(p.key in (TORCH_INPUT_KIND, UNFOLDED) for p in vi.metadata_props)
-    }
+    those :func:`dfdl.ir.torch_folds.unfold` made (:data:`UNFOLDED`), from
+    :func:`dfdl.ir.torch_folds.value_metadata`."""
+    return {name for name, m in meta.items() if TORCH_INPUT_KIND in m or UNFOLDED in m}
 
 
 _FLOAT_ELEM_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
