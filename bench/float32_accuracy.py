@@ -8,10 +8,17 @@ reference: per step, the relative loss difference; at the end, the trained weigh
 difference relative to how far the reference moved them (``|w - w64| / |w64 - w0|``
 over all parameters, and the worst tensor).
 
+The error of one batch is a lottery (a few ReLU and max-pool ties that float32 decides
+the other way), so ``--seeds N`` measures one SGD step on each of N batches instead
+(seeds 0 to N-1, one export shared by all, as ``tests/models/test_float32_accuracy.py``
+does for three) and prints each batch's gradient and first-loss errors of PyTorch and dfdl
+in float32, their geometric means and dfdl's over PyTorch's.
+
 Usage::
 
     python bench/float32_accuracy.py            # the table
     python bench/float32_accuracy.py --workers 1 --threads 2
+    python bench/float32_accuracy.py --densenet121 --seeds 12 --json out.json
 
 Measurements and the decisions they led to: ``docs/design/float32-accuracy.md``.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import time
 
 import numpy as np
@@ -235,6 +243,69 @@ def measure(client, net: dict = NET, run: dict = RUN, f64: bool = True, **train_
     return out
 
 
+#: a float32 ulp relative to a value in [1, 2): loss errors below it count as one ulp
+ULP = 2.0**-23
+
+
+def lottery(client, net: dict, run: dict, seeds: int) -> dict:
+    """One step on each of the batches of seeds ``0..seeds-1`` from the same weights:
+    per seed, the trained weights' error (``|w - w64| / |w64 - w0|``, the gradient's) and
+    the first loss's (floored at :data:`ULP`) of PyTorch float32 and dfdl float32 against
+    PyTorch float64, and their geometric means (over all seeds, and for more than three
+    the gradient's over the first three, the test's)."""
+    import torch
+
+    torch.set_num_threads(1)
+    run = dict(run, steps=1)
+    module = densenet(**net)
+    start = {k: p.detach().double().numpy() for k, p in module.named_parameters()}
+    model = export(module, torch.float32, run["image"], exporter="torchscript")
+    rows = []
+    for seed in range(seeds):
+        x, y = data(classes=net["classes"], seed=seed, **run)
+        ref = torch_train(module, x, y, torch.float64, **run)
+        theirs = errors(torch_train(module, x, y, torch.float32, **run), ref, start)
+        ours = errors(dfdl_train(model, x.astype(np.float32), y, client, **run), ref, start)
+        rows.append(
+            dict(
+                seed=seed,
+                torch_weights=theirs["weights"],
+                dfdl_weights=ours["weights"],
+                torch_loss=max(theirs["step"][0], ULP),
+                dfdl_loss=max(ours["step"][0], ULP),
+            )
+        )
+
+    def gm(key, n=None):
+        return float(np.exp(np.mean(np.log([r[key] for r in rows[:n]]))))
+
+    means = {f"{k}_gm": gm(k) for k in ("torch_weights", "dfdl_weights", "torch_loss", "dfdl_loss")}
+    means["weights_ratio"] = means["dfdl_weights_gm"] / means["torch_weights_gm"]
+    means["loss_ratio"] = means["dfdl_loss_gm"] / means["torch_loss_gm"]
+    if seeds > 3:
+        means["weights_ratio_first3"] = gm("dfdl_weights", 3) / gm("torch_weights", 3)
+    return dict(seeds=rows, **means)
+
+
+def lottery_table(result: dict) -> str:
+    """:func:`lottery`'s measurement as a text table."""
+    lines = ["seed  weights: PyTorch     dfdl   first loss: PyTorch     dfdl"]
+    for r in result["seeds"]:
+        lines.append(
+            f"{r['seed']:4d}  {r['torch_weights']:17.3e} {r['dfdl_weights']:8.3e}"
+            f"  {r['torch_loss']:20.3e} {r['dfdl_loss']:8.3e}"
+        )
+    first3 = result.get("weights_ratio_first3")
+    lines.append(
+        f"geometric means: weights {result['torch_weights_gm']:.3e} / "
+        f"{result['dfdl_weights_gm']:.3e} (dfdl {result['weights_ratio']:.3f}x PyTorch"
+        + (f"; seeds 0-2, the test's: {first3:.3f}x" if first3 else "")
+        + f"), first loss {result['torch_loss_gm']:.3e} / {result['dfdl_loss_gm']:.3e} "
+        f"({result['loss_ratio']:.3f}x)"
+    )
+    return "\n".join(lines)
+
+
 def table(result: dict) -> str:
     """The measurement as a text table."""
     steps = len(result["losses"])
@@ -262,6 +333,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--no-f64", action="store_true", help="skip dfdl's float64 run")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="one step on each of this many batches"
+    )
+    parser.add_argument("--json", default=None, help="write the results to this file")
     args = parser.parse_args()
     net = DENSENET121 if args.densenet121 else NET
     run = dict(RUN, image=64) if args.densenet121 else dict(RUN)
@@ -271,9 +346,19 @@ def main() -> None:
     t0 = time.perf_counter()
     with dfdl.LocalCluster(args.workers, threads_per_worker=args.threads) as cluster:
         with Client(cluster) as client:
-            result = measure(client, net, run, f64=not args.no_f64)
-    print(table(result))
-    print(f"reference losses {result['losses']}; {time.perf_counter() - t0:.1f} s")
+            if args.seeds:
+                result = lottery(client, net, run, args.seeds)
+            else:
+                result = measure(client, net, run, f64=not args.no_f64)
+    if args.seeds:
+        print(lottery_table(result))
+        print(f"{time.perf_counter() - t0:.1f} s")
+    else:
+        print(table(result))
+        print(f"reference losses {result['losses']}; {time.perf_counter() - t0:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(net=net, run=run, result=result), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -35,32 +35,21 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "bench")
 )
 
-#: a float32 ulp relative to a value in [1, 2): the finest loss error that can be told
-ULP = 2.0**-23
 #: the DenseNet-121 layout on 64x64 images, one step
 RUN = dict(image=64, batch=16, steps=1, lr=0.1, momentum=0.9)
-SEEDS = (0, 1, 2)
+#: batches (data seeds 0, 1, 2)
+SEEDS = 3
 
 
 @pytest.fixture(scope="module")
 def errors(client):
-    """Per seed, the errors of PyTorch float32 and dfdl float32 against float64."""
-    torch = pytest.importorskip("torch")
+    """Per seed, the errors of PyTorch float32 and dfdl float32 against float64
+    (``bench/float32_accuracy.py --densenet121 --seeds 3`` measures the same; its losses'
+    errors are floored at one float32 ulp)."""
+    pytest.importorskip("torch")
     import float32_accuracy as fa
 
-    torch.set_num_threads(1)
-    net = fa.DENSENET121
-    module = fa.densenet(**net)
-    start = {k: p.detach().double().numpy() for k, p in module.named_parameters()}
-    model = fa.export(module, torch.float32, RUN["image"], exporter="torchscript")
-    out = []
-    for seed in SEEDS:
-        x, y = fa.data(classes=net["classes"], seed=seed, **RUN)
-        ref = fa.torch_train(module, x, y, torch.float64, **RUN)
-        theirs = fa.torch_train(module, x, y, torch.float32, **RUN)
-        ours = fa.dfdl_train(model, x.astype(np.float32), y, client, **RUN)
-        out.append((fa.errors(theirs, ref, start), fa.errors(ours, ref, start)))
-    return out
+    return fa.lottery(client, fa.DENSENET121, RUN, SEEDS)["seeds"]
 
 
 def _geometric_mean(values) -> float:
@@ -68,15 +57,15 @@ def _geometric_mean(values) -> float:
 
 
 def test_loss_error_is_within_twice_pytorch_s(errors):
-    theirs = [max(t["step"][0], ULP) for t, _ in errors]
-    ours = [max(o["step"][0], ULP) for _, o in errors]
+    theirs = [r["torch_loss"] for r in errors]
+    ours = [r["dfdl_loss"] for r in errors]
     gm_theirs, gm_ours = _geometric_mean(theirs), _geometric_mean(ours)
     assert gm_ours <= 2 * gm_theirs, f"dfdl {ours} (gm {gm_ours:.2e}) > 2 x PyTorch {theirs}"
 
 
 def test_gradient_error_is_within_twice_pytorch_s(errors):
-    theirs = [t["weights"] for t, _ in errors]
-    ours = [o["weights"] for _, o in errors]
+    theirs = [r["torch_weights"] for r in errors]
+    ours = [r["dfdl_weights"] for r in errors]
     # the reference moved the weights: every relative error is defined and finite
     assert all(0 < e < 1 for e in theirs + ours)
     gm_theirs, gm_ours = _geometric_mean(theirs), _geometric_mean(ours)
