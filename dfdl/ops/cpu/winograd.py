@@ -16,8 +16,7 @@ The forward sums the channels in blocks of :data:`SUM_CHANNELS`: one float32 GEM
 block, the blocks' products added in float64 by the output transform. A float32 sum over
 all channels made the forward's error grow with the channels (2x im2col's at 256), and
 the ReLUs downstream turned it into float32 gradients less accurate than PyTorch's; the
-blocks bring it to im2col's at 70-80% of im2col's time
-(``docs/design/float32-accuracy.md``).
+blocks bring it to im2col's at the speed of one sum (``docs/design/float32-accuracy.md``).
 
 Guarantees: the result differs from the direct sum by rounding only (the transforms'
 coefficients are 0, ±1 and ±1/2) and is the same from run to run; dfdl's tests compare
