@@ -159,7 +159,9 @@ def test_replay_starts_from_the_latest_anchor(cluster, caplog, tmp_path, on_disk
 
     Whether a kill loses data Dask cannot rebuild depends on what the scheduler still
     remembers at that moment, so kills later and later in the run are tried until one
-    makes the trainer roll back; every run must give the uninterrupted run's weights.
+    makes the trainer roll back; every run must give the uninterrupted run's weights. A
+    run may also end without such a moment after the chosen task (no kill: seen once in
+    CI, under load); the next candidate is tried then too.
     """
     cl, client, reference, tasks = cluster
     config = {"dfdl.recovery.anchor-overhead": 1e9, "dfdl.recovery.first-anchor-s": 0.0}
@@ -167,20 +169,25 @@ def test_replay_starts_from_the_latest_anchor(cluster, caplog, tmp_path, on_disk
     if on_disk:  # the anchors' writes are tasks too: count this run's own
         with dask.config.set(config):
             tasks = _run(cl, client, at=0, **kw)[1].count
-    rolled = []
-    for at in (tasks * 12 // 16, tasks * 13 // 16, tasks * 14 // 16):
+    rolled, unkilled = [], []
+    for at in (tasks * 11 // 16, tasks * 12 // 16, tasks * 13 // 16, tasks * 14 // 16):
         caplog.clear()
         with dask.config.set(config), caplog.at_level(logging.WARNING, logger="dfdl"):
             got, plugin = _run(cl, client, at=at, lose_data=True, **kw)
-        assert plugin.killed is not None, f"no worker killed from task {at} of {tasks} on"
         _assert_same(got, reference)
+        if plugin.killed is None:
+            unkilled.append(at)
+            continue
         starts = [int(m) for m in re.findall(r"replaying from step (\d+)", caplog.text)]
         assert len(starts) == got.rollbacks
         if starts:
             rolled.append(at)
             assert min(starts) >= STEPS // 2, f"replayed from step {min(starts)}"
             break
-    assert rolled, "no kill late in the run made the trainer roll back"
+    assert rolled, (
+        f"no kill late in the run made the trainer roll back (of {tasks} tasks, no worker "
+        f"held lost data from task {unkilled} on)"
+    )
 
 
 def test_too_many_losses_stop_with_a_training_error(cluster, monkeypatch):

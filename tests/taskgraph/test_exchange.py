@@ -134,7 +134,9 @@ def test_a_share_moved_by_work_stealing_goes_back_to_its_worker(client, tmp_path
     while f.key not in {k for ks in client.processing([a]).values() for k in ks}:
         assert time.monotonic() < deadline, "the share never queued on its worker"
         time.sleep(0.02)
-    assert client.run_on_scheduler(_steal, f.key, a, b).startswith("steal-")
+    # under load Dask's own balancing may have asked for the same move first ("in-flight")
+    moved = client.run_on_scheduler(_steal, f.key, a, b)
+    assert moved.startswith("steal-") or moved == "in-flight", moved
     deadline = time.monotonic() + 30
     while "rescheduled" not in " ".join(client.run(_ran, f.key, workers=[b])[b]):
         assert time.monotonic() < deadline, "the steal never reached the idle worker"
