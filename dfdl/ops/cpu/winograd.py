@@ -103,10 +103,10 @@ def _filter_transform(w, u):
 
 def _filters(w: np.ndarray) -> np.ndarray:
     """``U = G g G^T`` of every (C_out, C) filter as a contiguous (16, C, C_out) array:
-    the GEMMs' right operands, one per transform position. Row-major, because MKL packs
-    a transposed right operand slower, and the forward's GEMMs of :data:`SUM_CHANNELS`
-    rows pack it once per block of tiles (a (16, C_out, C) layout cost the 256-channel
-    forward 45% more GEMM time)."""
+    the GEMMs' right operands, one per transform position. Row-major, because BLAS takes a
+    transposed right operand more slowly, at a cost per call, and the forward's channel
+    blocks make a call per block of tiles (a transposed (16, C_out, C) layout cost the
+    256-channel forward 35-38% more GEMM time with OpenBLAS)."""
     m, c = w.shape[:2]
     u = np.empty((16, c, m), w.dtype)
     _filter_transform(np.ascontiguousarray(w).reshape(m, c, 9), u)
