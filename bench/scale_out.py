@@ -26,7 +26,10 @@ twice as fast as they were). Arms:
   several processes ran before;
 * ``shares-tcp``: as ``shares``, on a cluster speaking plain ``tcp://``
   (``security=False``) instead of the embedded cluster's TLS: what encrypting the
-  values sent between the workers costs.
+  values sent between the workers costs;
+* ``shares-dask``: as ``shares``, the values sent between the workers as Dask messages
+  (Dask config ``dfdl.exchange.transport: dask``) instead of on dfdl's own sockets
+  (:mod:`dfdl.taskgraph.wire`), the transport before.
 
 The losses of every arm must be the same bits (the plan is the same: explicit tiles
 from the one-process plan); the script stops if they are not.
@@ -48,6 +51,7 @@ import os
 import sys
 import time
 
+import dask
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,9 +73,12 @@ ARMS = {
     "stages": GraphOptions(exchange=False),
     "tiles": GraphOptions(worker_tasks=False),
     "shares-tcp": GraphOptions(),
+    "shares-dask": GraphOptions(),
 }
 #: the arms' cluster arguments besides the number of workers
 CLUSTER = {"shares-tcp": {"security": False}}
+#: the arms' Dask config, which the cluster's nannies hand to the workers they start
+CONFIG = {"shares-dask": {"dfdl.exchange.transport": "dask"}}
 #: steps per submission (and per share of work on several processes): the warm-up
 #: and the timed window are whole groups
 GROUP = DEFAULT_UNROLL
@@ -109,10 +116,11 @@ def group_span(records: list[dict], warm: int, last: int) -> float:
 
 
 def step_time(
-    workers: int | None, engine, model, x, y, cfg, steps: int, tiles, cluster_kw=None
+    workers: int | None, engine, model, x, y, cfg, steps: int, tiles, cluster_kw=None, config=None
 ) -> dict:
     """One arm on a fresh cluster (``workers`` processes, None: one process with a
-    thread per core; ``cluster_kw``: more ``dfdl.LocalCluster`` arguments): seconds per
+    thread per core; ``cluster_kw``: more ``dfdl.LocalCluster`` arguments; ``config``:
+    Dask config the workers start with): seconds per
     step, the timed call's losses, its tiling and each tile task's mean seconds inside
     the timed steps (``members``, by ``run.member_id``: what ``bench/scale_sim.py``
     replays)."""
@@ -120,7 +128,9 @@ def step_time(
 
     _, batch, kind, okw, _ = cfg
     options = dfdl.EngineOptions() if engine is None else dfdl.EngineOptions(graph=engine)
-    with dfdl.LocalCluster(workers, **(cluster_kw or {})) as cluster, Client(cluster) as client:
+    with dask.config.set(config or {}):
+        cluster = dfdl.LocalCluster(workers, **(cluster_kw or {}))
+    with cluster, Client(cluster) as client:
         train_streamed(client, model, x, y, batch, kind, okw, 2, engine=options, tiles=tiles)
         result, records = train_streamed(
             client, model, x, y, batch, kind, okw, GROUP + steps, engine=options, tiles=tiles
@@ -184,6 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
                 args.steps,
                 tiles,
                 CLUSTER.get(arm),
+                CONFIG.get(arm),
             )
             tiles = tiles or got["tiles"]  # the one-process plan for every arm
             if "losses" in row and got["losses"] != row["losses"]:

@@ -57,7 +57,7 @@ from dfdl.ops.cpu import scratch
 from dfdl.runtime import task_counter
 from dfdl.runtime.device_memory import DeviceSpillBuffer
 from dfdl.runtime.heap import HeapTrimmer
-from dfdl.taskgraph import exchange, gang, tile_exec
+from dfdl.taskgraph import exchange, gang, tile_exec, wire
 
 #: nice value of the threads that run tile tasks (``dfdl.worker.task-nice`` overrides)
 TASK_NICE = 10
@@ -221,6 +221,7 @@ async def dask_setup(worker) -> None:
     scratch.fit_to_worker(getattr(manager, "memory_limit", None), threads + gang.HELPERS)
     task_counter.install(worker)
     exchange.install(worker)
+    wire.install(worker)
     await worker.plugin_add(plugin=HeapTrimmer(), name=HeapTrimmer.name)
 
 

@@ -283,9 +283,19 @@ def _secede() -> None:
         thread_state.dfdl_seceded = True
 
 
+def _failed_future(error: BaseException):
+    import concurrent.futures
+
+    f = concurrent.futures.Future()
+    f.set_exception(error)
+    return f
+
+
 class Outbox:
-    """The values one task sends, in flight on the worker's event loop; :meth:`close`
-    waits for all of them (so a task ends only once what it owed was delivered)."""
+    """The values one task sends, in flight on the sockets of :mod:`dfdl.taskgraph.wire`
+    (or, to a worker without one, on the worker's event loop as Dask messages);
+    :meth:`close` waits until all of them are written (so a task ends only once what it
+    owed has left it)."""
 
     def __init__(self):
         self.pending: list = []
@@ -297,6 +307,16 @@ class Outbox:
         worker = self._worker()
         if worker is None or address == worker.address:
             deliver(key, value)
+            return
+        from dfdl.taskgraph import wire
+
+        try:
+            link = wire.link_to(worker, address)
+        except Exception as e:  # noqa: BLE001 - its worker did not answer: lost
+            self.pending.append((address, _failed_future(e)))
+            return
+        if link is not None:  # a socket of dfdl's own (dfdl.taskgraph.wire)
+            self.pending.append((address, link.send(name(key), value)))
             return
         from distributed.protocol import to_serialize
 
@@ -311,10 +331,11 @@ class Outbox:
         self.send(address, key, _Failed(message, lost))
 
     def close(self) -> None:
-        """Wait until every value sent was delivered.
+        """Wait until every value sent was written to its connection (a Dask message:
+        delivered).
 
         Raises:
-            PeerLostError: a value could not be delivered (its worker is gone).
+            PeerLostError: a value could not be sent (its worker is gone).
         """
         pending, self.pending = self.pending, []
         for address, f in pending:

@@ -1,0 +1,225 @@
+"""Values between worker processes on dfdl's own sockets (``dfdl.taskgraph.wire``): they
+arrive with their bits over each kind of connection, a lost peer fails the send, and a
+training on two worker processes passes its values over the wire with the same losses
+as over Dask's messages."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import dfdl
+import dfdl.models
+from dfdl.taskgraph import exchange, wire
+from dfdl.taskgraph.tile_exec import Outputs
+
+
+def _tls_pair():
+    from distributed import Security
+
+    sec = Security.temporary()
+    return (
+        sec.get_listen_args("worker")["ssl_context"],
+        sec.get_connection_args("worker")["ssl_context"],
+    )
+
+
+@pytest.fixture(params=["unix", "tcp", "tls"])
+def linked(request, monkeypatch):
+    """A wire and a link to it, over a Unix socket, plain TCP or TCP with TLS."""
+    server = client = None
+    if request.param == "tls":
+        server, client = _tls_pair()
+    if request.param != "unix":
+        monkeypatch.setattr(wire, "UNIX", False)
+    w = wire.Wire("127.0.0.1", server, client)
+    link = wire.connect(w.endpoints(), client)
+    yield w, link, request.param
+    link.close()
+    w.close()
+
+
+def _same(a, b):
+    if isinstance(a, tuple):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes()
+        assert b.flags.writeable and b.flags.aligned
+    else:
+        assert a == b
+
+
+def test_values_arrive_with_their_bits_over_each_connection(linked):
+    w, link, kind = linked
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((256, 1024), dtype=np.float32)  # 1 MiB: many reads
+    values = {
+        "big": big,
+        "strided": big[::3, 1::2],  # not contiguous: pickled with its header
+        "packed": Outputs((None, big[:4], np.float64(2.5), np.arange(3, dtype=np.int64))),
+        "scalar": np.array(np.float32(1.5)),
+        "none": None,
+        "text": "a value",
+    }
+    futures = [link.send(f"{kind}-{k}", v) for k, v in values.items()]
+    for f in futures:
+        assert f.result(timeout=10) is None
+    for k, v in values.items():
+        _same(v, exchange.receive(f"{kind}-{k}", timeout=10))
+    assert link.sent == len(values)
+    assert link.sock.family == (socket.AF_UNIX if kind == "unix" else socket.AF_INET)
+
+
+def test_a_failure_sent_raises_at_its_reader(linked):
+    _, link, kind = linked
+    link.send(f"{kind}-f", exchange._Failed("its task broke", lost=True)).result(timeout=10)
+    with pytest.raises(exchange.PeerLostError, match="its task broke"):
+        exchange.receive(f"{kind}-f", timeout=10)
+
+
+def test_a_peer_on_this_host_opens_no_tcp_port():
+    w = wire.Wire("127.0.0.1")
+    try:
+        assert "tcp" not in w.endpoints(wire._node()) and w.port is None
+        assert w.endpoints("another-host/boot")["tcp"] == w.port > 0
+    finally:
+        w.close()
+
+
+def test_the_unix_socket_is_in_a_directory_only_its_user_enters():
+    w = wire.Wire("127.0.0.1")
+    try:
+        mode = os.stat(os.path.dirname(w.unix_path)).st_mode
+        assert stat.S_IMODE(mode) == 0o700
+        assert stat.S_ISSOCK(os.stat(w.unix_path).st_mode)
+    finally:
+        w.close()
+    assert not os.path.exists(os.path.dirname(w.unix_path))
+
+
+def test_a_connection_that_does_not_speak_the_wire_is_dropped():
+    w = wire.Wire("127.0.0.1")
+    try:
+        stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stranger.connect(w.unix_path)
+        stranger.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        try:
+            assert stranger.recv(1) == b""  # closed by the wire without reading on
+        except ConnectionResetError:  # closed with the rest unread
+            pass
+        stranger.close()
+        link = wire.connect(w.endpoints())
+        link.send("after-stranger", 7).result(timeout=10)
+        assert exchange.receive("after-stranger", timeout=10) == 7
+        link.close()
+    finally:
+        w.close()
+
+
+def test_a_tls_wire_refuses_a_link_without_a_certificate(monkeypatch):
+    monkeypatch.setattr(wire, "UNIX", False)
+    server, _ = _tls_pair()
+    w = wire.Wire("127.0.0.1", server, None)
+    try:
+        with pytest.raises(OSError, match="requires TLS"):
+            wire.connect(w.endpoints(), None)
+    finally:
+        w.close()
+
+
+def _until_broken(link, n=200):
+    """Sends until a send fails (a lost peer's connection accepts a few writes into
+    the kernel's buffers first); the error."""
+    for i in range(n):
+        try:
+            link.send(f"gone-{i}", np.zeros(1 << 16, np.float32)).result(timeout=10)
+        except OSError as e:
+            return e
+        time.sleep(0.01)
+    return None
+
+
+def test_a_lost_peer_fails_the_send_and_the_outbox_says_so(monkeypatch):
+    w = wire.Wire("127.0.0.1")
+    link = wire.connect(w.endpoints())
+    link.send("before", 1).result(timeout=10)
+    assert exchange.receive("before", timeout=10) == 1  # the peer reads the connection
+    w.close()  # the peer's process is gone: its listener and connections closed
+    assert isinstance(_until_broken(link), OSError)
+    assert link.broken is not None
+    # the share's outbox turns it into PeerLostError, which the trainer replays from
+    monkeypatch.setattr(wire, "link_to", lambda worker, address: link)
+    box = exchange.Outbox()
+    box.worker = SimpleNamespace(address="tcp://here:1")
+    box.send("tcp://there:2", ("k", 0), np.ones(3))
+    with pytest.raises(exchange.PeerLostError, match="could not send a value to the worker"):
+        box.close()
+    link.close()
+
+
+def _train_two_workers(model, config: dict | None = None):
+    """Three steps on a fresh 2-process embedded cluster (``config``: Dask config its
+    workers start with): the result, and each worker's count of values read off its
+    wire (None: it has none)."""
+    import dask
+    from distributed import Client
+
+    with dask.config.set(config or {}):
+        cluster = dfdl.LocalCluster(2)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 2, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, size=16)
+    with cluster, Client(cluster) as client:
+        res = dfdl.train(
+            model, (x, y), optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9), batch_size=8,
+            steps=3, shuffle=False, client=client, progress=False,
+            tiles={"batch": 2, "model": 1, "split_norms": 1},
+        )  # fmt: skip
+        received = client.run(lambda: None if wire._wire is None else wire._wire.received)
+    return res, sorted(received.values(), key=str)
+
+
+def test_two_workers_pass_values_on_the_wire_with_the_losses_of_dask_messages():
+    model = dfdl.models.resnet(
+        in_channels=2, image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3
+    )
+    on_wire, received = _train_two_workers(model)
+    assert all(n > 0 for n in received), received  # both workers read values off it
+    by_dask, none = _train_two_workers(model, {"dfdl.exchange.transport": "dask"})
+    assert none == [None, None]  # no wire: the values went as Dask messages
+    assert on_wire.history["loss"] == by_dask.history["loss"]
+    for k, v in by_dask.params.items():
+        np.testing.assert_array_equal(on_wire.params[k], v, err_msg=k)
+
+
+def test_a_tls_wire_reads_nothing_from_a_peer_without_the_cluster_s_certificate(monkeypatch):
+    import ssl
+
+    monkeypatch.setattr(wire, "UNIX", False)
+    server, _ = _tls_pair()
+    w = wire.Wire("127.0.0.1", server, None)
+    try:
+        anyone = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        anyone.check_hostname = False
+        anyone.verify_mode = ssl.CERT_NONE
+        try:
+            raw = socket.create_connection(("127.0.0.1", w.port), timeout=5)
+            sock = anyone.wrap_socket(raw)
+            sock.sendall(wire.MAGIC)
+            wire.write_message(sock, "intruder", 1)
+        except OSError:
+            pass  # refused during the handshake
+        with pytest.raises(exchange.ExchangeError, match="no value"):
+            exchange.receive("intruder", timeout=1)
+        assert w.received == 0
+    finally:
+        w.close()
