@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import os
 import pickle
 import queue
@@ -52,6 +53,10 @@ import numpy as np
 
 from dfdl.taskgraph import exchange
 
+logger = logging.getLogger(__name__)
+
+#: the values of ``dfdl.exchange.transport``: this module's sockets, or Dask's messages
+TRANSPORTS = ("sockets", "dask")
 #: the worker handler that tells a peer this worker's endpoints (:func:`install`)
 HANDLER = "dfdl_wire"
 #: seconds to connect to a peer's listener (and to finish a TLS handshake)
@@ -348,11 +353,12 @@ _wire: Wire | None = None
 
 
 def install(worker) -> None:
-    """Starts this worker's :class:`Wire` (with the cluster's TLS certificates where it
-    uses TLS) and the handler that tells peers its endpoints; done by dfdl's worker
+    """Starts this process's :class:`Wire` (with the cluster's TLS certificates where it
+    uses TLS; once per process, which workers of one process share, as they share the
+    mailbox) and the handler that tells peers its endpoints; done by dfdl's worker
     setup, on the worker's event loop (so the wire's threads run at its priority, not
     at the tile threads' lower one). ``dfdl.exchange.transport: dask`` in Dask's config
-    leaves values to Dask's messages.
+    leaves values to Dask's messages, as does a wire that cannot be opened here (logged).
 
     Example:
         >>> install(get_worker())  # doctest: +SKIP
@@ -360,20 +366,39 @@ def install(worker) -> None:
     global _wire
     import dask
 
-    if dask.config.get("dfdl.exchange.transport", "sockets") != "sockets":
+    transport = dask.config.get("dfdl.exchange.transport", "sockets")
+    if transport not in TRANSPORTS:
+        logger.warning(
+            "dfdl.exchange.transport is %r, not one of %s: values between workers go as"
+            " Dask messages",
+            transport,
+            ", ".join(TRANSPORTS),
+        )
+    if transport != "sockets":
         return
-    from urllib.parse import urlsplit
+    if _wire is None:
+        from urllib.parse import urlsplit
 
-    address = urlsplit(worker.address)
-    server_tls = client_tls = None
-    if address.scheme == "tls":
-        server_tls = worker.security.get_listen_args("worker")["ssl_context"]
-        client_tls = worker.security.get_connection_args("worker")["ssl_context"]
-    directory = worker.local_directory
-    if len(os.path.join(directory, "dfdl-wire-xxxxxxxx", "s")) > 100:  # sun_path's limit
-        directory = None
-    _wire = Wire(address.hostname, server_tls, client_tls, directory)
-    worker.handlers[HANDLER] = lambda comm=None, node=None: _wire.endpoints(node)
+        address = urlsplit(worker.address)
+        server_tls = client_tls = None
+        if address.scheme == "tls":
+            server_tls = worker.security.get_listen_args("worker")["ssl_context"]
+            client_tls = worker.security.get_connection_args("worker")["ssl_context"]
+        directory = worker.local_directory
+        if len(os.path.join(directory, "dfdl-wire-xxxxxxxx", "s")) > 100:  # sun_path's limit
+            directory = None
+        try:
+            _wire = Wire(address.hostname, server_tls, client_tls, directory)
+        except (OSError, AttributeError) as e:  # no Unix sockets, a path too long, ...
+            logger.warning(
+                "dfdl's wire could not be opened (%s: %s): values between workers go as"
+                " Dask messages",
+                type(e).__name__,
+                e,
+            )
+            return
+    wire = _wire
+    worker.handlers[HANDLER] = lambda comm=None, node=None: wire.endpoints(node)
 
 
 def link_to(worker, address: str) -> Link | None:

@@ -223,3 +223,59 @@ def test_a_tls_wire_reads_nothing_from_a_peer_without_the_cluster_s_certificate(
         assert w.received == 0
     finally:
         w.close()
+
+
+def _worker_like(tmp_path, address="tcp://127.0.0.1:1"):
+    from distributed import Security
+
+    return SimpleNamespace(
+        address=address, security=Security(), local_directory=str(tmp_path), handlers={}
+    )
+
+
+def test_install_opens_one_wire_per_process_and_answers_peers(tmp_path, monkeypatch):
+    monkeypatch.setattr(wire, "_wire", None)
+    first, second = _worker_like(tmp_path), _worker_like(tmp_path, "tcp://127.0.0.1:2")
+    wire.install(first)
+    opened = wire._wire
+    try:
+        wire.install(second)  # a second worker of this process shares it (and the mailbox)
+        assert wire._wire is opened
+        assert opened.unix_path.startswith(str(tmp_path))
+        here = first.handlers[wire.HANDLER](node=wire._node())
+        assert (
+            here
+            == second.handlers[wire.HANDLER](node=wire._node())
+            == {
+                "node": wire._node(),
+                "unix": opened.unix_path,
+            }
+        )
+    finally:
+        opened.close()
+
+
+@pytest.mark.parametrize("transport", ["dask", "pigeons"])
+def test_install_leaves_values_to_dask_when_told_or_told_nonsense(
+    transport, tmp_path, monkeypatch, caplog
+):
+    import dask
+
+    monkeypatch.setattr(wire, "_wire", None)
+    worker = _worker_like(tmp_path)
+    with dask.config.set({"dfdl.exchange.transport": transport}):
+        wire.install(worker)
+    assert wire._wire is None and wire.HANDLER not in worker.handlers
+    assert ("not one of sockets, dask" in caplog.text) == (transport == "pigeons")
+
+
+def test_a_wire_that_cannot_open_leaves_values_to_dask(tmp_path, monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise OSError("no Unix sockets here")
+
+    monkeypatch.setattr(wire, "_wire", None)
+    monkeypatch.setattr(wire, "Wire", refuse)
+    worker = _worker_like(tmp_path)
+    wire.install(worker)
+    assert wire._wire is None and wire.HANDLER not in worker.handlers
+    assert "no Unix sockets here" in caplog.text
