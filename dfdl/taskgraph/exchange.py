@@ -336,13 +336,18 @@ class Outbox:
 
         Raises:
             PeerLostError: a value could not be sent (its worker is gone).
+            ExchangeError: a value could not be sent for itself (it cannot be pickled).
         """
         pending, self.pending = self.pending, []
         for address, f in pending:
             try:
                 f.result()
-            except Exception as e:  # noqa: BLE001 - refused, closed: the reader is gone
+            except OSError as e:  # refused, closed, timed out: the reader is gone
                 raise PeerLostError(
+                    f"could not send a value to the worker at {address}: {type(e).__name__}: {e}"
+                ) from e
+            except Exception as e:  # noqa: BLE001 - the value itself (it cannot be pickled)
+                raise ExchangeError(
                     f"could not send a value to the worker at {address}: {type(e).__name__}: {e}"
                 ) from e
 

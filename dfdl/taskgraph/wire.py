@@ -179,10 +179,16 @@ class Wire:
             found = self.links.get(address, False)
             if found is None or (found and found.broken is None):
                 return found
-            made = None
-            if endpoints is not None:
-                with contextlib.suppress(OSError, ssl.SSLError):
-                    made = connect(endpoints, self.client_tls)
+        made = None
+        if endpoints is not None:  # connected outside the lock: it may take seconds
+            with contextlib.suppress(OSError):
+                made = connect(endpoints, self.client_tls)
+        with self.lock:
+            found = self.links.get(address, False)
+            if found and found.broken is None:  # another thread made one meanwhile
+                if made is not None:
+                    made.close()
+                return found
             self.links[address] = made
             return made
 
@@ -217,7 +223,9 @@ class Link:
 
     def send(self, key: str, value: object) -> concurrent.futures.Future:
         """Queue ``value`` for the peer's mailbox under ``key``; the future is done once
-        it is written (or holds the ``OSError`` that stopped it)."""
+        it is written, or holds the ``OSError`` of a broken connection (this message's
+        and every later one's), or the error that kept ``value`` from being pickled
+        (this message's only: nothing of it was written)."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         if self.broken is not None:
             done.set_exception(OSError(f"the connection to this peer broke: {self.broken}"))
@@ -231,16 +239,22 @@ class Link:
             if item is None:
                 return
             key, value, done = item
-            if self.broken is None:
-                try:
-                    write_message(self.sock, key, value)
-                    self.sent += 1
-                except (OSError, pickle.PicklingError) as e:
-                    self.broken = e
-            if self.broken is None:
-                done.set_result(None)
-            else:
+            if self.broken is not None:
                 done.set_exception(OSError(f"the connection to this peer broke: {self.broken}"))
+                continue
+            try:
+                head, raws = pack_message(key, value)
+            except Exception as e:  # noqa: BLE001 - not picklable: this value fails, not the link
+                done.set_exception(e)
+                continue
+            try:
+                write_packed(self.sock, head, raws)
+            except OSError as e:
+                self.broken = e
+                done.set_exception(OSError(f"the connection to this peer broke: {e}"))
+                continue
+            self.sent += 1
+            done.set_result(None)
 
     def close(self) -> None:
         """Ends the writing thread after what was queued, then closes the connection."""
@@ -292,9 +306,18 @@ def connect(endpoints: Mapping, tls: ssl.SSLContext | None = None) -> Link:
 def write_message(sock: socket.socket, key: str, value: object) -> None:
     """Writes ``(key, value)`` to ``sock``: the number of parts, their lengths, the
     pickled header and the out-of-band buffers of its arrays (their own memory)."""
+    write_packed(sock, *pack_message(key, value))
+
+
+def pack_message(key: str, value: object) -> tuple[bytes, list]:
+    """``(key, value)`` pickled: the header and the raw buffers of its arrays."""
     buffers: list = []
     head = pickle.dumps((key, value), protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
+    return head, [b.raw() for b in buffers]
+
+
+def write_packed(sock: socket.socket, head: bytes, raws: list) -> None:
+    """Writes a message of :func:`pack_message` to ``sock``."""
     lengths = [len(head), *(r.nbytes for r in raws)]
     prefix = _COUNT.pack(len(lengths)) + b"".join(_LENGTH.pack(n) for n in lengths)
     sock.sendall(prefix + head)

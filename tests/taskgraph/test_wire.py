@@ -279,3 +279,25 @@ def test_a_wire_that_cannot_open_leaves_values_to_dask(tmp_path, monkeypatch, ca
     wire.install(worker)
     assert wire._wire is None and wire.HANDLER not in worker.handlers
     assert "no Unix sockets here" in caplog.text
+
+
+def test_a_value_that_cannot_be_pickled_fails_alone_and_is_no_lost_peer(monkeypatch):
+    import threading
+
+    w = wire.Wire("127.0.0.1")
+    link = wire.connect(w.endpoints())
+    try:
+        with pytest.raises(TypeError, match="pickle"):
+            link.send("lock", threading.Lock()).result(timeout=10)
+        link.send("after-lock", 5).result(timeout=10)  # the link still works
+        assert exchange.receive("after-lock", timeout=10) == 5 and link.broken is None
+        monkeypatch.setattr(wire, "link_to", lambda worker, address: link)
+        box = exchange.Outbox()
+        box.worker = SimpleNamespace(address="tcp://here:1")
+        box.send("tcp://there:2", ("k", 1), threading.Lock())
+        with pytest.raises(exchange.ExchangeError, match="TypeError") as got:
+            box.close()
+        assert not isinstance(got.value, exchange.PeerLostError)  # no replay for it
+    finally:
+        link.close()
+        w.close()
