@@ -166,10 +166,28 @@ def test_a_lost_peer_fails_the_send_and_the_outbox_says_so(monkeypatch):
     link.close()
 
 
-def _train_two_workers(model, config: dict | None = None):
+def _as_another_host() -> None:
+    """On a worker: this process believes it runs on a host of its own (its wire then
+    gives its peers, and asks them for, the TCP endpoint, as between nodes)."""
+    import os
+
+    from dfdl.taskgraph import wire as w
+
+    w._node = lambda: f"host-of-{os.getpid()}"
+
+
+def _wire_use() -> tuple | None:
+    """On a worker: its wire's count of values read, and whether it opened a TCP port
+    (None: it has no wire)."""
+    from dfdl.taskgraph import wire as w
+
+    return None if w._wire is None else (w._wire.received, w._wire.port is not None)
+
+
+def _train_two_workers(model, config: dict | None = None, hosts: bool = False):
     """Three steps on a fresh 2-process embedded cluster (``config``: Dask config its
-    workers start with): the result, and each worker's count of values read off its
-    wire (None: it has none)."""
+    workers start with; ``hosts``: each worker as if on a host of its own): the result
+    and each worker's :func:`_wire_use`."""
     import dask
     from distributed import Client
 
@@ -179,26 +197,33 @@ def _train_two_workers(model, config: dict | None = None):
     x = rng.standard_normal((16, 2, 8, 8)).astype(np.float32)
     y = rng.integers(0, 3, size=16)
     with cluster, Client(cluster) as client:
+        if hosts:
+            client.run(_as_another_host)
         res = dfdl.train(
             model, (x, y), optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9), batch_size=8,
             steps=3, shuffle=False, client=client, progress=False,
             tiles={"batch": 2, "model": 1, "split_norms": 1},
         )  # fmt: skip
-        received = client.run(lambda: None if wire._wire is None else wire._wire.received)
-    return res, sorted(received.values(), key=str)
+        used = client.run(_wire_use)
+    return res, sorted(used.values(), key=str)
 
 
 def test_two_workers_pass_values_on_the_wire_with_the_losses_of_dask_messages():
     model = dfdl.models.resnet(
         in_channels=2, image_size=8, stem=4, stages=(4, 8), blocks_per_stage=1, num_classes=3
     )
-    on_wire, received = _train_two_workers(model)
-    assert all(n > 0 for n in received), received  # both workers read values off it
+    on_wire, used = _train_two_workers(model)
+    # both workers read values off the wire, over its Unix socket (no TCP port opened)
+    assert all(n > 0 and not tcp for n, tcp in used), used
     by_dask, none = _train_two_workers(model, {"dfdl.exchange.transport": "dask"})
     assert none == [None, None]  # no wire: the values went as Dask messages
-    assert on_wire.history["loss"] == by_dask.history["loss"]
-    for k, v in by_dask.params.items():
-        np.testing.assert_array_equal(on_wire.params[k], v, err_msg=k)
+    # as between hosts: TCP with the embedded cluster's TLS certificates
+    between_hosts, used = _train_two_workers(model, hosts=True)
+    assert all(n > 0 and tcp for n, tcp in used), used
+    for run in (on_wire, between_hosts):
+        assert run.history["loss"] == by_dask.history["loss"]
+        for k, v in by_dask.params.items():
+            np.testing.assert_array_equal(run.params[k], v, err_msg=k)
 
 
 def test_a_tls_wire_reads_nothing_from_a_peer_without_the_cluster_s_certificate(monkeypatch):
