@@ -221,7 +221,7 @@ async def dask_setup(worker) -> None:
     scratch.fit_to_worker(getattr(manager, "memory_limit", None), threads + gang.HELPERS)
     task_counter.install(worker)
     exchange.install(worker)
-    wire.install(worker)
+    wire.install(worker, exchange.deliver)
     await worker.plugin_add(plugin=HeapTrimmer(), name=HeapTrimmer.name)
 
 

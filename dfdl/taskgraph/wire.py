@@ -24,10 +24,10 @@ waits for it and learns from :func:`dfdl.taskgraph.exchange.answers` that the se
 gone).
 
 Example:
-    >>> w = Wire("127.0.0.1")
+    >>> from dfdl.taskgraph import exchange
+    >>> w = Wire("127.0.0.1", exchange.deliver)
     >>> link = connect(w.endpoints())
     >>> link.send("k", 3).result(timeout=5)
-    >>> from dfdl.taskgraph import exchange
     >>> exchange.receive("k", timeout=5)
     3
     >>> link.close(); w.close()
@@ -47,11 +47,9 @@ import ssl
 import struct
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
-
-from dfdl.taskgraph import exchange
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +59,6 @@ TRANSPORTS = ("sockets", "dask")
 HANDLER = "dfdl_wire"
 #: seconds to connect to a peer's listener (and to finish a TLS handshake)
 CONNECT_TIMEOUT = 10.0
-#: whether workers on one host use the Unix socket (else TCP, as between hosts)
-UNIX = True
 #: the first bytes of a connection: a wire of this format
 MAGIC = b"dfdlw\x01"
 
@@ -76,13 +72,17 @@ class Wire:
 
     Args:
         host: the address the TCP listener binds (the worker's own).
+        deliver: called with ``(key, value)`` for each value read (the mailbox's
+            :func:`dfdl.taskgraph.exchange.deliver`).
         server_tls: the TLS context of the listener (None: plain TCP).
         client_tls: the TLS context of this process's connections to peers.
         directory: where to make the Unix socket's private directory (default: the
             system's temporary directory).
+        unix: whether links to peers on this host use their Unix socket (else TCP, as
+            between hosts).
 
     Example:
-        >>> w = Wire("127.0.0.1")
+        >>> w = Wire("127.0.0.1", print)
         >>> sorted(w.endpoints(_node())), w.port
         (['node', 'unix'], None)
         >>> sorted(w.endpoints())
@@ -93,11 +93,13 @@ class Wire:
     def __init__(
         self,
         host: str,
+        deliver: Callable[[str, object], None],
         server_tls: ssl.SSLContext | None = None,
         client_tls: ssl.SSLContext | None = None,
         directory: str | None = None,
+        unix: bool = True,
     ):
-        self.host = host
+        self.host, self.deliver, self.unix = host, deliver, unix
         self.server_tls, self.client_tls = server_tls, client_tls
         self.links: dict[str, Link | None] = {}
         self.lock = threading.Lock()
@@ -163,7 +165,7 @@ class Wire:
                 return  # not a dfdl wire: nothing it sends is read
             while True:
                 key, value = read_message(conn)
-                exchange.deliver(key, value)
+                self.deliver(key, value)
                 self.received += 1
         except (EOFError, OSError, pickle.UnpicklingError, struct.error):
             return  # the peer closed or was lost: its readers learn it by polling
@@ -182,7 +184,7 @@ class Wire:
         made = None
         if endpoints is not None:  # connected outside the lock: it may take seconds
             with contextlib.suppress(OSError):
-                made = connect(endpoints, self.client_tls)
+                made = connect(endpoints, self.client_tls, self.unix)
         with self.lock:
             found = self.links.get(address, False)
             if found and found.broken is None:  # another thread made one meanwhile
@@ -265,20 +267,20 @@ class Link:
         self.sock.close()
 
 
-def connect(endpoints: Mapping, tls: ssl.SSLContext | None = None) -> Link:
+def connect(endpoints: Mapping, tls: ssl.SSLContext | None = None, unix: bool = True) -> Link:
     """A :class:`Link` to the wire at ``endpoints``: its Unix socket where it is on
-    this host (and :data:`UNIX`), else its TCP port (TLS with ``tls`` where the wire
+    this host (and ``unix``), else its TCP port (TLS with ``tls`` where the wire
     requires it).
 
     Raises:
         OSError: the wire cannot be reached (or requires TLS and ``tls`` is None).
 
     Example:
-        >>> w = Wire("127.0.0.1")
+        >>> w = Wire("127.0.0.1", print)
         >>> connect(w.endpoints()).close(); w.close()
     """
     sock = None
-    if UNIX and endpoints["node"] == _node() and os.path.exists(endpoints["unix"]):
+    if unix and endpoints["node"] == _node() and os.path.exists(endpoints["unix"]):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(CONNECT_TIMEOUT)
         try:
@@ -375,16 +377,17 @@ def _node() -> str:
 _wire: Wire | None = None
 
 
-def install(worker) -> None:
+def install(worker, deliver: Callable[[str, object], None]) -> None:
     """Starts this process's :class:`Wire` (with the cluster's TLS certificates where it
     uses TLS; once per process, which workers of one process share, as they share the
     mailbox) and the handler that tells peers its endpoints; done by dfdl's worker
     setup, on the worker's event loop (so the wire's threads run at its priority, not
     at the tile threads' lower one). ``dfdl.exchange.transport: dask`` in Dask's config
     leaves values to Dask's messages, as does a wire that cannot be opened here (logged).
+    ``deliver`` takes each value read (:func:`dfdl.taskgraph.exchange.deliver`).
 
     Example:
-        >>> install(get_worker())  # doctest: +SKIP
+        >>> install(get_worker(), exchange.deliver)  # doctest: +SKIP
     """
     global _wire
     import dask
@@ -411,7 +414,7 @@ def install(worker) -> None:
         if len(os.path.join(directory, "dfdl-wire-xxxxxxxx", "s")) > 100:  # sun_path's limit
             directory = None
         try:
-            _wire = Wire(address.hostname, server_tls, client_tls, directory)
+            _wire = Wire(address.hostname, deliver, server_tls, client_tls, directory)
         except (OSError, AttributeError) as e:  # no Unix sockets, a path too long, ...
             logger.warning(
                 "dfdl's wire could not be opened (%s: %s): values between workers go as"

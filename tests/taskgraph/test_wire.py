@@ -31,15 +31,13 @@ def _tls_pair():
 
 
 @pytest.fixture(params=["unix", "tcp", "tls"])
-def linked(request, monkeypatch):
+def linked(request):
     """A wire and a link to it, over a Unix socket, plain TCP or TCP with TLS."""
     server = client = None
     if request.param == "tls":
         server, client = _tls_pair()
-    if request.param != "unix":
-        monkeypatch.setattr(wire, "UNIX", False)
-    w = wire.Wire("127.0.0.1", server, client)
-    link = wire.connect(w.endpoints(), client)
+    w = wire.Wire("127.0.0.1", exchange.deliver, server, client)
+    link = wire.connect(w.endpoints(), client, unix=request.param == "unix")
     yield w, link, request.param
     link.close()
     w.close()
@@ -87,7 +85,7 @@ def test_a_failure_sent_raises_at_its_reader(linked):
 
 
 def test_a_peer_on_this_host_opens_no_tcp_port():
-    w = wire.Wire("127.0.0.1")
+    w = wire.Wire("127.0.0.1", exchange.deliver)
     try:
         assert "tcp" not in w.endpoints(wire._node()) and w.port is None
         assert w.endpoints("another-host/boot")["tcp"] == w.port > 0
@@ -96,7 +94,7 @@ def test_a_peer_on_this_host_opens_no_tcp_port():
 
 
 def test_the_unix_socket_is_in_a_directory_only_its_user_enters():
-    w = wire.Wire("127.0.0.1")
+    w = wire.Wire("127.0.0.1", exchange.deliver)
     try:
         mode = os.stat(os.path.dirname(w.unix_path)).st_mode
         assert stat.S_IMODE(mode) == 0o700
@@ -107,7 +105,7 @@ def test_the_unix_socket_is_in_a_directory_only_its_user_enters():
 
 
 def test_a_connection_that_does_not_speak_the_wire_is_dropped():
-    w = wire.Wire("127.0.0.1")
+    w = wire.Wire("127.0.0.1", exchange.deliver)
     try:
         stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         stranger.connect(w.unix_path)
@@ -125,13 +123,12 @@ def test_a_connection_that_does_not_speak_the_wire_is_dropped():
         w.close()
 
 
-def test_a_tls_wire_refuses_a_link_without_a_certificate(monkeypatch):
-    monkeypatch.setattr(wire, "UNIX", False)
+def test_a_tls_wire_refuses_a_link_without_a_certificate():
     server, _ = _tls_pair()
-    w = wire.Wire("127.0.0.1", server, None)
+    w = wire.Wire("127.0.0.1", exchange.deliver, server, None)
     try:
         with pytest.raises(OSError, match="requires TLS"):
-            wire.connect(w.endpoints(), None)
+            wire.connect(w.endpoints(), None, unix=False)
     finally:
         w.close()
 
@@ -149,7 +146,7 @@ def _until_broken(link, n=200):
 
 
 def test_a_lost_peer_fails_the_send_and_the_outbox_says_so(monkeypatch):
-    w = wire.Wire("127.0.0.1")
+    w = wire.Wire("127.0.0.1", exchange.deliver)
     link = wire.connect(w.endpoints())
     link.send("before", 1).result(timeout=10)
     assert exchange.receive("before", timeout=10) == 1  # the peer reads the connection
@@ -226,12 +223,11 @@ def test_two_workers_pass_values_on_the_wire_with_the_losses_of_dask_messages():
             np.testing.assert_array_equal(run.params[k], v, err_msg=k)
 
 
-def test_a_tls_wire_reads_nothing_from_a_peer_without_the_cluster_s_certificate(monkeypatch):
+def test_a_tls_wire_reads_nothing_from_a_peer_without_the_cluster_s_certificate():
     import ssl
 
-    monkeypatch.setattr(wire, "UNIX", False)
     server, _ = _tls_pair()
-    w = wire.Wire("127.0.0.1", server, None)
+    w = wire.Wire("127.0.0.1", exchange.deliver, server, None)
     try:
         anyone = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         anyone.check_hostname = False
@@ -261,10 +257,11 @@ def _worker_like(tmp_path, address="tcp://127.0.0.1:1"):
 def test_install_opens_one_wire_per_process_and_answers_peers(tmp_path, monkeypatch):
     monkeypatch.setattr(wire, "_wire", None)
     first, second = _worker_like(tmp_path), _worker_like(tmp_path, "tcp://127.0.0.1:2")
-    wire.install(first)
+    wire.install(first, exchange.deliver)
     opened = wire._wire
     try:
-        wire.install(second)  # a second worker of this process shares it (and the mailbox)
+        # a second worker of this process shares it (and the mailbox)
+        wire.install(second, exchange.deliver)
         assert wire._wire is opened
         assert opened.unix_path.startswith(str(tmp_path))
         here = first.handlers[wire.HANDLER](node=wire._node())
@@ -289,7 +286,7 @@ def test_install_leaves_values_to_dask_when_told_or_told_nonsense(
     monkeypatch.setattr(wire, "_wire", None)
     worker = _worker_like(tmp_path)
     with dask.config.set({"dfdl.exchange.transport": transport}):
-        wire.install(worker)
+        wire.install(worker, exchange.deliver)
     assert wire._wire is None and wire.HANDLER not in worker.handlers
     assert ("not one of sockets, dask" in caplog.text) == (transport == "pigeons")
 
@@ -301,7 +298,7 @@ def test_a_wire_that_cannot_open_leaves_values_to_dask(tmp_path, monkeypatch, ca
     monkeypatch.setattr(wire, "_wire", None)
     monkeypatch.setattr(wire, "Wire", refuse)
     worker = _worker_like(tmp_path)
-    wire.install(worker)
+    wire.install(worker, exchange.deliver)
     assert wire._wire is None and wire.HANDLER not in worker.handlers
     assert "no Unix sockets here" in caplog.text
 
@@ -309,7 +306,7 @@ def test_a_wire_that_cannot_open_leaves_values_to_dask(tmp_path, monkeypatch, ca
 def test_a_value_that_cannot_be_pickled_fails_alone_and_is_no_lost_peer(monkeypatch):
     import threading
 
-    w = wire.Wire("127.0.0.1")
+    w = wire.Wire("127.0.0.1", exchange.deliver)
     link = wire.connect(w.endpoints())
     try:
         with pytest.raises(TypeError, match="pickle"):
