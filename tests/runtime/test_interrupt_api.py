@@ -43,25 +43,38 @@ def test_interrupted_train_frees_its_tasks_and_tiles():
     y = rng.integers(0, 10, 4096)
     with dfdl.LocalCluster(2, security=False) as cluster, Client(cluster) as client:
         started = threading.Event()
+        returned = threading.Event()
+        trouble: list[str] = []  # what went wrong in the interrupting thread
 
         def interrupt():
-            deadline = time.monotonic() + 60
-            while _held(client) == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)  # until the run has scattered its tiles
-            time.sleep(1.0)  # and runs steps
+            try:
+                deadline = time.monotonic() + 60
+                while _held(client) == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)  # until the run has scattered its tiles
+                time.sleep(1.0)  # and runs steps
+            except Exception as error:  # noqa: BLE001 - reported by the test below
+                trouble.append(f"watching the scheduler raised {error!r}")
             started.set()
             os.kill(os.getpid(), signal.SIGINT)
+            # a lost interrupt fails the test instead of training 1000 epochs
+            while not returned.wait(60):
+                trouble.append("dfdl.train went on 60 s after a SIGINT")
+                os.kill(os.getpid(), signal.SIGINT)
 
         threading.Thread(target=interrupt, daemon=True).start()
-        with pytest.raises(KeyboardInterrupt) as info:
-            dfdl.train(
-                dfdl.models.mlp((64, 512, 512, 10)),
-                (X, y),
-                batch_size=64,
-                epochs=1000,
-                client=client,
-                progress=False,
-            )
+        try:
+            with pytest.raises(KeyboardInterrupt) as info:
+                dfdl.train(
+                    dfdl.models.mlp((64, 512, 512, 10)),
+                    (X, y),
+                    batch_size=64,
+                    epochs=1000,
+                    client=client,
+                    progress=False,
+                )
+        finally:
+            returned.set()
+        assert not trouble, trouble
         assert started.is_set(), "training ended before the interrupt"
         kept = info  # the caller keeps the traceback, as a notebook does
         deadline = time.monotonic() + 30
