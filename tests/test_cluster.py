@@ -185,6 +185,9 @@ def test_job_script_asks_for_what_was_given():
     inherited = dask.config.deserialize(config)
     # the malloc settings dfdl gives its own workers, scaled to 16 GiB per worker
     assert inherited["distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"] == 2**27
+    # and the quieter event loops (profiler, tick) of dfdl's own workers
+    assert inherited["distributed.worker.profile.interval"] == "100ms"
+    assert inherited["distributed.admin.tick.interval"] == "100ms"
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,37 @@ DASK_CONFIG = {
     "distributed.nanny.pre-spawn-environ.MALLOC_ARENA_MAX": 1,
 }
 
+#: Dask's periodic work on every server's event loop that dfdl's clusters do less often,
+#: unless the caller's dask config already sets them: the workers' statistical profiler
+#: (10 ms in Dask) and the event-loop tick (20 ms). On 2 cores a worker's event loop took
+#: 7% of a core while training a transformer, 5% of it these two, every sample of the
+#: profiler walking the stack of the busy task thread; every extra worker process on the
+#: same cores pays it again (``docs/design/embedded-cluster.md``)
+LOOP_CONFIG = {
+    "distributed.worker.profile.interval": "100ms",
+    "distributed.admin.tick.interval": "100ms",
+}
+
+
+def loop_config() -> dict:
+    """:data:`LOOP_CONFIG`, less the keys the caller's dask config sets to other than
+    Dask's defaults (the caller's choice wins).
+
+    Example:
+        >>> loop_config()["distributed.worker.profile.interval"]
+        '100ms'
+        >>> with dask.config.set({"distributed.worker.profile.interval": "5ms"}):
+        ...     "distributed.worker.profile.interval" in loop_config()
+        False
+    """
+    defaults = dask.config.merge(*dask.config.defaults)
+    return {
+        k: v
+        for k, v in LOOP_CONFIG.items()
+        if dask.config.get(k, None) == dask.config.get(k, None, config=defaults)
+    }
+
+
 #: the worker preload of dfdl's clusters (:mod:`dfdl.runtime.worker_setup`)
 WORKER_PRELOAD = "dfdl.runtime.worker_setup"
 
@@ -218,7 +249,12 @@ def local_cluster(
 
     # every worker, restarted ones too, runs dfdl's worker setup (worker_setup.py)
     preload = [*(dask.config.get("distributed.worker.preload", None) or []), WORKER_PRELOAD]
-    config = {**DASK_CONFIG, **malloc_config(kwargs.get("memory_limit")), **pause_at_spill()}
+    config = {
+        **DASK_CONFIG,
+        **loop_config(),
+        **malloc_config(kwargs.get("memory_limit")),
+        **pause_at_spill(),
+    }
     with dask.config.set({**config, "distributed.worker.preload": list(dict.fromkeys(preload))}):
         cluster = _restart_safe_local_cluster()(n_workers=n_workers, **kwargs)
     try:

@@ -29,6 +29,7 @@ from dfdl.errors import ConfigError
 from dfdl.runtime.cluster import (
     DASK_CONFIG,
     WORKER_PRELOAD,
+    loop_config,
     malloc_config,
     parse_memory,
     pause_at_spill,
@@ -59,7 +60,12 @@ def _worker_env(memory_limit: int, env: Mapping[str, str] | None) -> list[str]:
 
     settings = {
         k: v
-        for k, v in {**DASK_CONFIG, **malloc_config(memory_limit), **pause_at_spill()}.items()
+        for k, v in {
+            **DASK_CONFIG,
+            **loop_config(),
+            **malloc_config(memory_limit),
+            **pause_at_spill(),
+        }.items()
         if not k.startswith("distributed.scheduler.")  # the scheduler runs here
     }
     # dask's own channel for a config that keeps the case of its keys (DASK_* variables

@@ -56,6 +56,29 @@ def test_explicit_worker_count_gives_single_threaded_processes():
         assert client.run_on_scheduler(_scheduler_intervals) == [latency.INTERVAL_S] * 2
 
 
+def _loop_periods(server) -> dict:
+    return {k: server.periodic_callbacks[k].callback_time for k in ("profile", "tick")
+            if k in server.periodic_callbacks}  # fmt: skip
+
+
+def _worker_loop_periods(dask_worker):
+    return _loop_periods(dask_worker)
+
+
+def _scheduler_loop_periods(dask_scheduler):
+    return _loop_periods(dask_scheduler)
+
+
+def test_workers_profile_and_tick_every_100_ms_unless_the_caller_says_otherwise():
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        periods = list(client.run(_worker_loop_periods).values())
+        assert periods == [{"profile": 100, "tick": 100}] * 2
+        assert client.run_on_scheduler(_scheduler_loop_periods) == {"tick": 100}
+    with dask.config.set({"distributed.worker.profile.interval": "20ms"}):
+        with local_cluster(1) as cluster, Client(cluster) as client:
+            assert list(client.run(_worker_loop_periods).values()) == [{"profile": 20, "tick": 100}]
+
+
 def test_small_memory_limits_keep_less_free_heap(monkeypatch):
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)

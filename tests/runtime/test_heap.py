@@ -78,6 +78,18 @@ def test_under_the_floor_the_check_never_walks_the_heap(monkeypatch):
     assert calls == [1] and high.trims == 1
 
 
+def test_far_under_the_floor_the_worker_is_checked_less_often():
+    from tornado.ioloop import PeriodicCallback
+
+    trimmer = _trimmer(floor=2**62, threshold=2**30)
+    trimmer._callback = PeriodicCallback(trimmer._check, 1000 * trimmer.interval)
+    trimmer._check()
+    assert trimmer._callback.callback_time == 1000 * heap.IDLE_INTERVAL_S
+    trimmer.floor = trimmer._rss()  # now at the floor: checked at the full rate again
+    trimmer._check()
+    assert trimmer._callback.callback_time == 1000 * heap.INTERVAL_S < 1000 * heap.IDLE_INTERVAL_S
+
+
 def test_trim_threshold_scales_with_the_limit():
     assert heap.trim_threshold(2**30) == 2**30 // 32
     assert heap.trim_threshold(64 * MiB) == heap.TRIM_MIN_BYTES
