@@ -93,6 +93,23 @@ def loop_config() -> dict:
     }
 
 
+def worker_dask_config(memory_limit) -> dict:
+    """The dask settings dfdl's clusters start their servers with, for workers of
+    ``memory_limit``: :data:`DASK_CONFIG`, :func:`loop_config`, :func:`malloc_config`
+    and :func:`pause_at_spill`.
+
+    Example:
+        >>> worker_dask_config("8GiB")["distributed.admin.tick.interval"]
+        '100ms'
+    """
+    return {
+        **DASK_CONFIG,
+        **loop_config(),
+        **malloc_config(memory_limit),
+        **pause_at_spill(),
+    }
+
+
 #: the worker preload of dfdl's clusters (:mod:`dfdl.runtime.worker_setup`)
 WORKER_PRELOAD = "dfdl.runtime.worker_setup"
 
@@ -249,12 +266,7 @@ def local_cluster(
 
     # every worker, restarted ones too, runs dfdl's worker setup (worker_setup.py)
     preload = [*(dask.config.get("distributed.worker.preload", None) or []), WORKER_PRELOAD]
-    config = {
-        **DASK_CONFIG,
-        **loop_config(),
-        **malloc_config(kwargs.get("memory_limit")),
-        **pause_at_spill(),
-    }
+    config = worker_dask_config(kwargs.get("memory_limit"))
     with dask.config.set({**config, "distributed.worker.preload": list(dict.fromkeys(preload))}):
         cluster = _restart_safe_local_cluster()(n_workers=n_workers, **kwargs)
     try:

@@ -27,12 +27,9 @@ from collections.abc import Mapping, Sequence
 
 from dfdl.errors import ConfigError
 from dfdl.runtime.cluster import (
-    DASK_CONFIG,
     WORKER_PRELOAD,
-    loop_config,
-    malloc_config,
     parse_memory,
-    pause_at_spill,
+    worker_dask_config,
 )
 
 _WALLTIME = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")
@@ -60,12 +57,7 @@ def _worker_env(memory_limit: int, env: Mapping[str, str] | None) -> list[str]:
 
     settings = {
         k: v
-        for k, v in {
-            **DASK_CONFIG,
-            **loop_config(),
-            **malloc_config(memory_limit),
-            **pause_at_spill(),
-        }.items()
+        for k, v in worker_dask_config(memory_limit).items()
         if not k.startswith("distributed.scheduler.")  # the scheduler runs here
     }
     # dask's own channel for a config that keeps the case of its keys (DASK_* variables
