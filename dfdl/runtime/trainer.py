@@ -207,12 +207,11 @@ def stored_file_name(i: int, name: str) -> str:
     return f"{i:04d}-{stored.safe_name(name)[:100]}.npy"
 
 
-def _batch_sources(
-    plan: Plan, arrays: Mapping[str, Any], step: int, client, dsk, keep, token: str, workers=None
-):
-    """Batch tiles: embedded data, scattered data, or tasks reading rows on a worker."""
+def _batch_sources(plan: Plan, arrays: Mapping[str, Any], step: int, dsk, big, token: str):
+    """Batch tiles: embedded data, tasks reading rows on a worker, or refs to tiles
+    larger than :data:`EMBED_BYTES`, which are added to ``big`` (key -> tile) to be
+    scattered once the graph is built (:func:`_send_batches`)."""
     sources = {}
-    big = {}
     for name, value in arrays.items():
         refs = {}
         base = task_name(f"{name}-input", token)
@@ -232,14 +231,68 @@ def _batch_sources(
                 dsk[key] = DataNode(key, tile)
             refs[idx] = TaskRef(key)
         sources[name] = refs
-    if big:
-        futures = client.scatter(big, hash=False, workers=workers)
-        keep.extend(futures.values())
-        for refs in sources.values():
-            for idx, r in refs.items():
-                if r.key in futures:
-                    refs[idx] = futures[r.key]
     return sources
+
+
+def _send_batches(
+    client, dsk: dict, big: Mapping, batch_keys, pinned: dict | None, workers=None
+) -> list:
+    """Send the batch tiles to the workers that read them; returns the futures of the
+    scattered ones, which the graph reads by key (keep them until it ran).
+
+    With ``pinned`` (the worker of each worker's share, :func:`worker_restrictions`), a
+    tile that only pinned tasks read goes straight to their workers: its data (embedded
+    or large) is scattered to each of them, and a task reading rows from a file runs on
+    each, a copy under a key of its own per worker where several read it. Otherwise, as
+    before: data stays in the graph and large tiles are scattered to ``workers`` (None:
+    any). The values are the same either way; a tile already on the worker of the share
+    that reads it is not fetched from another worker when that share starts.
+    """
+    send: dict = {}  # worker (None: any) -> {key: tile}
+    done: set = set()
+    for key, readers in _pinned_readers(dsk, batch_keys, pinned).items():
+        node = dsk.get(key)
+        where = sorted({pinned[r][0] for r in readers})
+        roster = sorted({w for ws in pinned.values() for w in ws})
+        for w in where:
+            copy = key if len(where) == 1 else (*key, roster.index(w))
+            if isinstance(node, Task):  # reads rows from a file on its worker
+                dsk[copy] = node.substitute({}, key=copy)
+                pinned[copy] = [w]
+            else:
+                send.setdefault(w, {})[copy] = big[key] if node is None else node.value
+            if copy != key:
+                for r in readers:
+                    if pinned[r][0] == w:
+                        dsk[r] = dsk[r].substitute({key: copy})
+        if len(where) > 1 or not isinstance(node, Task):
+            dsk.pop(key, None)
+        done.add(key)
+    rest = {k: v for k, v in big.items() if k not in done}
+    if rest:
+        send.setdefault(None, {}).update(rest)
+    futures = []
+    for w, tiles in send.items():
+        try:
+            got = client.scatter(tiles, hash=False, workers=[w] if w else workers)
+        except TimeoutError:  # that worker left: any other (its share fails and replays)
+            if w is None:
+                raise
+            got = client.scatter(tiles, hash=False, workers=workers)
+        futures.extend(got.values())
+    return futures
+
+
+def _pinned_readers(dsk: Mapping, keys, pinned: Mapping | None) -> dict:
+    """The readers in ``dsk`` of each of ``keys`` that only tasks in ``pinned`` read."""
+    if not pinned:
+        return {}
+    readers: dict = {}
+    for k, node in dsk.items():
+        for d in getattr(node, "dependencies", ()):
+            if d in keys:
+                readers.setdefault(d, []).append(k)
+    return {k: rs for k, rs in readers.items() if all(r in pinned for r in rs)}
 
 
 @dataclass
@@ -291,13 +344,14 @@ def run_steps(
     chunks = dict(state.chunks)
     loss_keys: list[tuple[int, Any]] = []
     used: dict[int, StepPlan] = {}
+    big: dict = {}  # batch tiles to scatter once the graph is built
+    batch_keys: set = set()
     for s in steps:
         sp = plans(len(next(iter(s.arrays.values()))))
         used[id(sp)] = sp
         tg, plan = sp.tg, sp.plan
-        sources = _batch_sources(
-            plan, s.arrays, s.step, client, dsk, keep, token, state.placement.get("workers")
-        )
+        sources = _batch_sources(plan, s.arrays, s.step, dsk, big, token)
+        batch_keys.update(r.key for refs in sources.values() for r in refs.values())
         for name, value in s.scalars.items():
             if name not in plan.chunks:  # read by no node (Adam gets lr via step_size)
                 continue
@@ -355,6 +409,7 @@ def run_steps(
     t1 = time.perf_counter()
     resources = state.placement.get("resources")
     pinned = worker_restrictions(dsk, token, list(roster)) if roster and not hybrid else None
+    keep.extend(_send_batches(client, dsk, big, batch_keys, pinned, state.placement.get("workers")))
     futures = dict(
         zip(wanted, submit.get(client, dsk, wanted, resources=resources, workers=pinned))
     )

@@ -5,7 +5,10 @@ On a cluster of one worker process a step runs as one task
 out instead: :func:`tile_parts` gives each tile task the worker (its *part*, ``0 <= p <
 n``) that its leading parallel axis says: the batch tile for data parallelism, else the
 spatial slab, else the model (channel/feature) tile, ``index * n // tiles``, so that a
-worker keeps the same batch shard, slab or weight shard step after step. Tasks with no
+worker keeps the same batch shard, slab or weight shard step after step. Split by the
+model alone, a partial product goes with its largest input (a weight tile's rows, which
+its gradient and update follow): the input gradient ``dY @ W`` is then summed across
+the workers instead of ``W`` and ``dY`` being gathered (:func:`_owner`). Tasks with no
 such axis (a weight's summed gradient, its optimizer update, BatchNorm's merged
 moments, the loss) get None: :func:`dfdl.taskgraph.step_tasks.group_steps` places them
 with what they read, spreading the reductions' roots over the workers (ZeRO-style: each
@@ -24,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 
 from dask.task_spec import Task, TaskRef
@@ -57,10 +61,28 @@ def _share(i: int, tiles: int, n: int) -> int:
     return i * n // tiles
 
 
+def _owner(np_: NodePlan, types: Mapping) -> str | None:
+    """The letter of the first split axis of the node's largest input tile, where that
+    letter splits the model: the letter that places that input (a weight's tiles go
+    with their rows, like its gradient and its update); None otherwise."""
+    best, most = None, -1.0
+    for name, spec in zip(np_.node.inputs, np_.spec.inputs):
+        t = types.get(name) if name else None
+        if t is None or spec is None:
+            continue
+        split = [c for c in spec if len(np_.letters.get(c, ())) > 1]
+        size = t.nbytes / math.prod(len(np_.letters[c]) for c in split)
+        if size > most:
+            best, most = split, size
+    if not best or "model" not in np_.roles.get(best[0], ()):
+        return None
+    return best[0]
+
+
 class _Rule:
     """The part of the tasks of one node: tiles by the grid, partials by their combo."""
 
-    def __init__(self, np_: NodePlan, n: int):
+    def __init__(self, np_: NodePlan, n: int, types: Mapping | None = None):
         self.n = n
         self.grid = np_.grid_letters()
         contracted = np_.spec.contracted()
@@ -68,6 +90,13 @@ class _Rule:
         self.tiles = {c: len(np_.letters[c]) for c in np_.letters}
         self.grid_lead = _leading(np_, self.grid)
         lead = _leading(np_, [*self.grid, *contracted])
+        if lead is not None and np_.roles.get(lead) == {"model"} and types is not None:
+            # split by the model only: a partial product runs where its largest input
+            # (a weight tile) lives, and its smaller partial sum travels instead
+            # (dX = dY @ W summed over W's rows: the rows' worker, not the columns')
+            owner = _owner(np_, types)
+            if owner in contracted:
+                lead = owner
         self.partial_lead = lead
         self.contracted = contracted
 
@@ -118,7 +147,7 @@ def tile_parts(plans: Iterable[StepPlan], token: str, n: int) -> Callable[[Hasha
             base = f"{np_.node.name}-{np_.node.phase}"
             if task_name(base, token) in table:
                 continue
-            rule = _Rule(np_, n)
+            rule = _Rule(np_, n, sp.plan.graph.types)
             table[task_name(base, token)] = (rule, "tile")
             table[task_name(f"{base}-partial", token)] = (rule, "partial")
             table[task_name(f"{base}-sum", token)] = (rule, "partial")

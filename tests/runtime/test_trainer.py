@@ -189,3 +189,41 @@ def test_task_bodies_pickled_once_train_bit_identically(client, monkeypatch):
     assert n_on == n_off
     packed = [t for g in graphs for t in g.values() if getattr(t, "func", None) is pack.run_packed]
     assert packed, "no task body was packed"
+
+
+def test_batch_tiles_are_sent_to_the_workers_whose_shares_read_them(client):
+    """trainer._send_batches: data in the graph and a large tile go straight to the
+    workers of the pinned tasks that read them (a copy each where two workers read one),
+    a task reading rows runs on each reader's worker; the values are unchanged."""
+    from dask.task_spec import DataNode, Task, TaskRef
+
+    from dfdl.runtime import submit
+    from dfdl.runtime.trainer import _send_batches
+
+    a, b = sorted(client.scheduler_info()["workers"])
+    x, big, rows = ("x-input-t1", 0, 0), ("y-input-t1", 0, 0), ("r-input-t1", 0, 0)
+    dsk = {
+        x: DataNode(x, np.arange(6.0)),
+        rows: Task(rows, np.arange, 3.0),
+        ("p", 0, 0): Task(("p", 0, 0), np.dot, TaskRef(x), TaskRef(x)),
+        ("q", 0, 1): Task(("q", 0, 1), np.dot, TaskRef(x), TaskRef(big)),
+        ("r", 0, 0): Task(("r", 0, 0), np.sum, TaskRef(rows)),
+        ("s", 0, 1): Task(("s", 0, 1), np.max, TaskRef(rows)),
+    }
+    pinned = {("p", 0, 0): [a], ("q", 0, 1): [b], ("r", 0, 0): [a], ("s", 0, 1): [b]}
+    keep = _send_batches(client, dsk, {big: np.full(6, 2.0)}, {x, big, rows}, pinned)
+    where = client.who_has(keep)
+    # x: one copy per reading worker, under keys of their own; the large tile on its reader
+    assert sorted(where.values()) == [(a,), (b,), (b,)], where
+    assert x not in dsk and big not in dsk and rows not in dsk
+    copies = [k for k in dsk if k[0] == "r-input-t1"]
+    assert len(copies) == 2 and sorted(pinned[k][0] for k in copies) == [a, b]
+    wanted = [("p", 0, 0), ("q", 0, 1), ("r", 0, 0), ("s", 0, 1)]
+    got = client.gather(submit.get(client, dsk, wanted, workers=pinned))
+    assert got == [55.0, 30.0, 3.0, 2.0]
+    # with no worker pinned, as before: the data stays in the graph, large tiles anywhere
+    dsk2 = {x: DataNode(x, np.arange(6.0)), ("q", 0, 1): dsk[("q", 0, 1)]}
+    dsk2[("q", 0, 1)] = Task(("q", 0, 1), np.dot, TaskRef(x), TaskRef(big))
+    keep2 = _send_batches(client, dsk2, {big: np.full(6, 2.0)}, {x, big}, None)
+    assert x in dsk2 and [f.key for f in keep2] == [big]
+    assert client.gather(submit.get(client, dsk2, [("q", 0, 1)])) == [30.0]

@@ -389,3 +389,79 @@ def test_two_workers_train_bit_identically_to_one_with_per_worker_tasks(client, 
         key = eval(r["key"]) if isinstance(r["key"], str) else r["key"]  # noqa: S307
         by_part.setdefault(key[2], set()).add(r["worker"])
     assert by_part == {0: {workers[0]}, 1: {workers[1]}}, by_part
+
+
+def _mlp_split_by_the_model():
+    return compile_step(
+        to_ir(dfdl.models.mlp((32, 512, 512, 4))),
+        {"x": TensorType((4, 32), np.float32)},
+        loss="cross_entropy",
+        optimizer=dfdl.optim.SGD(lr=0.1, momentum=0.9),
+        labels=TensorType((4,), np.int64),
+        tiles={"batch": 1, "model": 2, "min_weight_tile": 1024},
+        workers=Workers(2, 2, 1),
+    )
+
+
+def test_split_by_the_model_a_weight_tile_is_read_on_one_worker():
+    """The forward's partial products and the input gradient's read the same weight
+    tiles: both run on the worker of the tile's rows (where its gradient and update
+    run), so the partial sums travel between the workers and the weights never do."""
+    sp = _mlp_split_by_the_model()
+    sources = _sources(sp)
+    for name in sp.tg.params:
+        if len(sources[name]) > 1:
+            sources[name] = {idx: TaskRef(("w", name, *idx)) for idx in sources[name]}
+    dsk, _ = lower(sp.plan, sources, step=3, token="ab12cd34")
+    part = tile_parts([sp], "ab12cd34", 2)
+    workers: dict = {}
+    for k, node in dsk.items():
+        for d in getattr(node, "dependencies", ()):
+            if d[0] == "w" and part(k) is not None:
+                workers.setdefault(d, set()).add(part(k))
+    # the input gradient's partial products (dX = dY @ W, summed over W's rows) are there
+    assert any(k[0] == "layers.1.Gemm-bwd-partial-ab12cd34" for k in dsk)
+    assert len(workers) == 4 and all(len(w) == 1 for w in workers.values()), workers
+    assert {next(iter(w)) for w in workers.values()} == {0, 1}
+
+
+def _fetched(dask_worker) -> list:
+    """The keys this worker fetched from other workers through Dask since the last call."""
+    keys = [k for entry in dask_worker.transfer_incoming_log for k in entry["keys"]]
+    dask_worker.transfer_incoming_log.clear()
+    return keys
+
+
+def test_two_workers_split_by_the_model_fetch_no_weight_nor_batch_tile(client):
+    """Between groups of steps nothing large crosses through Dask: each worker updates
+    and reads its own weight tiles, and the batch reaches each worker that reads it
+    from the client (trainer._send_batches); the same bits as one worker."""
+    from distributed import Client
+
+    model = dfdl.models.mlp((512, 512, 512, 10))
+    rng = np.random.default_rng(3)
+    # a batch of 128 KiB, read whole by both workers (above fuse.TINY_BYTES: not inlined)
+    x, y = rng.standard_normal((512, 512), dtype=np.float32), rng.integers(0, 10, 512)
+    kw = dict(
+        data=(x, y),
+        optimizer=dfdl.optim.SGD(lr=0.01, momentum=0.9),
+        batch_size=64,
+        steps=8,
+        shuffle=False,
+        tiles={"batch": 1, "model": 2, "min_weight_tile": 4096},
+        progress=False,
+    )
+    client.run(_fetched)
+    two = dfdl.train(model, client=client, **kw)
+    fetched = [k for ks in client.run(_fetched).values() for k in ks]
+    names = [key_split(k) for k in fetched]
+    assert not [n for n in names if n.endswith("-input")], names
+    assert not [n for n in names if ".weight" in n and not n.endswith("-init")], names
+    with (
+        dfdl.LocalCluster(1, threads_per_worker=2, memory_limit="1GiB") as cluster,
+        Client(cluster) as one_client,
+    ):
+        one = dfdl.train(model, client=one_client, **kw)
+    assert two.history["loss"] == one.history["loss"]
+    for k, v in one.params.items():
+        np.testing.assert_array_equal(two.params[k], v, err_msg=k)
