@@ -2,7 +2,8 @@
 
 :func:`run_steps` submits ``unroll`` steps as one task graph: step ``k+1`` reads step
 ``k``'s new parameters by task reference, batch tiles of at most :data:`EMBED_BYTES`
-travel inside the graph (larger ones are scattered), and the submission asks only for
+travel inside the graph (larger ones are scattered; on several workers each tile is
+scattered to the workers whose shares read it), and the submission asks only for
 the last step's carried values (as Futures, which stay on the workers in
 :class:`ClusterState`) and every step's loss. The next submission is made before the
 previous one finishes, so the scheduler overlaps them; losses are gathered a
