@@ -251,10 +251,10 @@ def _send_batches(
     """
     send: dict = {}  # worker (None: any) -> {key: tile}
     done: set = set()
+    roster = sorted({w for ws in (pinned or {}).values() for w in ws})
     for key, readers in _pinned_readers(dsk, batch_keys, pinned).items():
         node = dsk.get(key)
         where = sorted({pinned[r][0] for r in readers})
-        roster = sorted({w for ws in pinned.values() for w in ws})
         for w in where:
             copy = key if len(where) == 1 else (*key, roster.index(w))
             if isinstance(node, Task):  # reads rows from a file on its worker
@@ -276,8 +276,8 @@ def _send_batches(
     for w, tiles in send.items():
         try:
             got = client.scatter(tiles, hash=False, workers=[w] if w else workers)
-        except TimeoutError:  # that worker left: any other (its share fails and replays)
-            if w is None:
+        except (KeyError, TimeoutError):  # that worker left: any other takes them (its
+            if w is None:  # share runs elsewhere, raises PeerLostError, and the steps replay)
                 raise
             got = client.scatter(tiles, hash=False, workers=workers)
         futures.extend(got.values())

@@ -227,3 +227,9 @@ def test_batch_tiles_are_sent_to_the_workers_whose_shares_read_them(client):
     keep2 = _send_batches(client, dsk2, {big: np.full(6, 2.0)}, {x, big}, None)
     assert x in dsk2 and [f.key for f in keep2] == [big]
     assert client.gather(submit.get(client, dsk2, [("q", 0, 1)])) == [30.0]
+    # a reader's worker that has left: its tile goes to a worker still there
+    gone = "tls://127.0.0.1:9"
+    dsk3 = {x: DataNode(x, np.arange(6.0)), ("p", 0, 0): dsk2[("q", 0, 1)]}
+    dsk3[("p", 0, 0)] = Task(("p", 0, 0), np.dot, TaskRef(x), TaskRef(x))
+    keep3 = _send_batches(client, dsk3, {}, {x}, {("p", 0, 0): [gone]})
+    assert set(client.who_has(keep3)[x]) <= {a, b} and x not in dsk3
