@@ -8,7 +8,7 @@ spatial slab, else the model (channel/feature) tile, ``index * n // tiles``, so 
 worker keeps the same batch shard, slab or weight shard step after step. Split by the
 model alone, a partial product goes with its largest input (a weight tile's rows, which
 its gradient and update follow): the input gradient ``dY @ W`` is then summed across
-the workers instead of ``W`` and ``dY`` being gathered (:func:`_owner`). Tasks with no
+the workers instead of ``W`` and ``dY`` being gathered (:func:`_cheapest`). Tasks with no
 such axis (a weight's summed gradient, its optimizer update, BatchNorm's merged
 moments, the loss) get None: :func:`dfdl.taskgraph.step_tasks.group_steps` places them
 with what they read, spreading the reductions' roots over the workers (ZeRO-style: each
@@ -61,22 +61,29 @@ def _share(i: int, tiles: int, n: int) -> int:
     return i * n // tiles
 
 
-def _owner(np_: NodePlan, types: Mapping) -> str | None:
-    """The letter of the first split axis of the node's largest input tile, where that
-    letter splits the model: the letter that places that input (a weight's tiles go
-    with their rows, like its gradient and its update); None otherwise."""
-    best, most = None, -1.0
+def _cheapest(np_: NodePlan, types: Mapping, candidates: list[str]) -> str | None:
+    """Of the model letters ``candidates``, the one whose worker moves the fewest bytes
+    for a partial product: each input tile comes from the worker of its first split
+    letter (where its tile task, or a weight's update, runs), and the partial sum goes
+    to its output tile's worker unless the letter is one of the output's. None where no
+    candidate moves fewer bytes than the first."""
+    grid = set(np_.grid_letters())
+    out = sum(types[o].nbytes for o in np_.node.outputs if o in types)
+    n_out = math.prod(len(np_.letters[c]) for c in grid)
+    cost = {c: 0.0 if c in grid else out / n_out for c in candidates}
     for name, spec in zip(np_.node.inputs, np_.spec.inputs):
         t = types.get(name) if name else None
         if t is None or spec is None:
             continue
         split = [c for c in spec if len(np_.letters.get(c, ())) > 1]
+        if not split:
+            continue  # read whole by every tile: where the product runs does not matter
         size = t.nbytes / math.prod(len(np_.letters[c]) for c in split)
-        if size > most:
-            best, most = split, size
-    if not best or "model" not in np_.roles.get(best[0], ()):
-        return None
-    return best[0]
+        for c in candidates:
+            if split[0] != c:
+                cost[c] += size
+    best = min(candidates, key=lambda c: (cost[c], candidates.index(c)))
+    return best if cost[best] < cost[candidates[0]] else None
 
 
 class _Rule:
@@ -91,12 +98,13 @@ class _Rule:
         self.grid_lead = _leading(np_, self.grid)
         lead = _leading(np_, [*self.grid, *contracted])
         if lead is not None and np_.roles.get(lead) == {"model"} and types is not None:
-            # split by the model only: a partial product runs where its largest input
-            # (a weight tile) lives, and its smaller partial sum travels instead
-            # (dX = dY @ W summed over W's rows: the rows' worker, not the columns')
-            owner = _owner(np_, types)
-            if owner in contracted:
-                lead = owner
+            # split by the model only: a partial product runs where the fewest bytes
+            # move (dX = dY @ W summed over W's rows: on the rows' worker, which has
+            # dY's tile and W's, and sends the partial sum, not on the columns')
+            letters = [*self.grid, *contracted]
+            models = [c for c in letters if np_.roles.get(c) == {"model"}]
+            models = [lead, *(c for c in models if c != lead and len(np_.letters[c]) > 1)]
+            lead = _cheapest(np_, types, models) or lead
         self.partial_lead = lead
         self.contracted = contracted
 

@@ -423,6 +423,13 @@ def test_split_by_the_model_a_weight_tile_is_read_on_one_worker():
     assert any(k[0] == "layers.1.Gemm-bwd-partial-ab12cd34" for k in dsk)
     assert len(workers) == 4 and all(len(w) == 1 for w in workers.values()), workers
     assert {next(iter(w)) for w in workers.values()} == {0, 1}
+    # the last layer's input gradient (4 classes x 512 features): its weight and dY
+    # tiles are small, its partial sums 4 x 256 floats: it runs where its sum does
+    last = [k for k in dsk if k[0] == "layers.2.Gemm-bwd-partial-ab12cd34"]
+    assert last
+    for k in last:
+        readers = {part(r) for r, node in dsk.items() if k in getattr(node, "dependencies", ())}
+        assert readers == {part(k)}, (k, part(k), readers)
 
 
 def _fetched(dask_worker) -> list:
