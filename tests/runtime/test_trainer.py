@@ -222,14 +222,19 @@ def test_batch_tiles_are_sent_to_the_workers_whose_shares_read_them(client):
     got = client.gather(submit.get(client, dsk, wanted, workers=pinned))
     assert got == [55.0, 30.0, 3.0, 2.0]
     # with no worker pinned, as before: the data stays in the graph, large tiles anywhere
-    dsk2 = {x: DataNode(x, np.arange(6.0)), ("q", 0, 1): dsk[("q", 0, 1)]}
-    dsk2[("q", 0, 1)] = Task(("q", 0, 1), np.dot, TaskRef(x), TaskRef(big))
+    dsk2 = {
+        x: DataNode(x, np.arange(6.0)),
+        ("q", 0, 1): Task(("q", 0, 1), np.dot, TaskRef(x), TaskRef(big)),
+    }
     keep2 = _send_batches(client, dsk2, {big: np.full(6, 2.0)}, {x, big}, None)
     assert x in dsk2 and [f.key for f in keep2] == [big]
     assert client.gather(submit.get(client, dsk2, [("q", 0, 1)])) == [30.0]
     # a reader's worker that has left: its tile goes to a worker still there
     gone = "tls://127.0.0.1:9"
-    dsk3 = {x: DataNode(x, np.arange(6.0)), ("p", 0, 0): dsk2[("q", 0, 1)]}
-    dsk3[("p", 0, 0)] = Task(("p", 0, 0), np.dot, TaskRef(x), TaskRef(x))
+    dsk3 = {
+        x: DataNode(x, np.arange(6.0)),
+        ("p", 0, 0): Task(("p", 0, 0), np.dot, TaskRef(x), TaskRef(x)),
+    }
     keep3 = _send_batches(client, dsk3, {}, {x}, {("p", 0, 0): [gone]})
     assert set(client.who_has(keep3)[x]) <= {a, b} and x not in dsk3
+    assert client.gather(submit.get(client, dsk3, [("p", 0, 0)])) == [55.0]
