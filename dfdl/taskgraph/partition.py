@@ -61,12 +61,12 @@ def _share(i: int, tiles: int, n: int) -> int:
     return i * n // tiles
 
 
-def _cheapest(np_: NodePlan, types: Mapping, candidates: list[str]) -> str | None:
+def _cheapest(np_: NodePlan, types: Mapping, candidates: list[str]) -> str:
     """Of the model letters ``candidates``, the one whose worker moves the fewest bytes
     for a partial product: each input tile comes from the worker of its first split
     letter (where its tile task, or a weight's update, runs), and the partial sum goes
-    to its output tile's worker unless the letter is one of the output's. None where no
-    candidate moves fewer bytes than the first."""
+    to its output tile's worker unless the letter is one of the output's. The first of
+    those that tie."""
     grid = set(np_.grid_letters())
     out = sum(types[o].nbytes for o in np_.node.outputs if o in types)
     n_out = math.prod(len(np_.letters[c]) for c in grid)
@@ -82,8 +82,7 @@ def _cheapest(np_: NodePlan, types: Mapping, candidates: list[str]) -> str | Non
         for c in candidates:
             if split[0] != c:
                 cost[c] += size
-    best = min(candidates, key=lambda c: (cost[c], candidates.index(c)))
-    return best if cost[best] < cost[candidates[0]] else None
+    return min(candidates, key=lambda c: (cost[c], candidates.index(c)))
 
 
 class _Rule:
@@ -101,10 +100,12 @@ class _Rule:
             # split by the model only: a partial product runs where the fewest bytes
             # move (dX = dY @ W summed over W's rows: on the rows' worker, which has
             # dY's tile and W's, and sends the partial sum, not on the columns')
-            letters = [*self.grid, *contracted]
-            models = [c for c in letters if np_.roles.get(c) == {"model"}]
-            models = [lead, *(c for c in models if c != lead and len(np_.letters[c]) > 1)]
-            lead = _cheapest(np_, types, models) or lead
+            others = [
+                c
+                for c in [*self.grid, *contracted]
+                if c != lead and np_.roles.get(c) == {"model"} and len(np_.letters[c]) > 1
+            ]
+            lead = _cheapest(np_, types, [lead, *others])
         self.partial_lead = lead
         self.contracted = contracted
 
